@@ -1,0 +1,71 @@
+/// @file
+/// CPU instruction-set levels, detected at run time. CPU kernels compile every level with
+/// function target attributes and pick one per call, so one binary serves every x86-64 host.
+#pragma once
+
+#include <cstdlib>
+#include <string_view>
+
+namespace qflash::arch {
+
+/// Ordered: a level implies every lower one.
+enum class CpuIsa : int {
+  kScalar = 0,
+  kAvx2 = 1,        ///< AVX2 + FMA + F16C
+  kAvx512 = 2,      ///< AVX-512 F, BW, VL, DQ
+  kAvx512Bf16 = 3,  ///< plus AVX512_BF16 and VNNI
+};
+
+constexpr std::string_view to_string(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar: return "scalar";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Bf16: return "avx512_bf16";
+  }
+  return "unknown";
+}
+
+/// The best level this processor supports.
+inline CpuIsa detect_cpu_isa() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  bool const avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  bool const avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
+  bool const avx512_bf16 = avx512 && __builtin_cpu_supports("avx512bf16") &&
+                           __builtin_cpu_supports("avx512vnni");
+  if (avx512_bf16) return CpuIsa::kAvx512Bf16;
+  if (avx512) return CpuIsa::kAvx512;
+  if (avx2) return CpuIsa::kAvx2;
+#endif
+  return CpuIsa::kScalar;
+}
+
+/// Parses "scalar", "avx2", "avx512", "avx512_bf16"; returns false on anything else.
+inline bool parse_cpu_isa(std::string_view s, CpuIsa& out) {
+  for (auto isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+    if (s == to_string(isa)) {
+      out = isa;
+      return true;
+    }
+  }
+  return false;
+}
+
+/// The level kernels use: the detected one, capped by the environment variable
+/// QFLASH_CPU_ISA when it names a lower level (for tests and comparisons).
+inline CpuIsa cpu_isa() {
+  static CpuIsa const isa = [] {
+    CpuIsa detected = detect_cpu_isa();
+    CpuIsa cap;
+    if (char const* env = std::getenv("QFLASH_CPU_ISA"); env && parse_cpu_isa(env, cap) && cap < detected)
+      return cap;
+    return detected;
+  }();
+  return isa;
+}
+
+}  // namespace qflash::arch

@@ -1,0 +1,79 @@
+/// @file
+/// Read-only memory-mapped files, so that weights are paged in on demand and never copied.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "qflash/core/error.hpp"
+
+namespace qflash {
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+
+  /// Maps `path` read-only; throws Error naming the file when it cannot.
+  explicit MappedFile(std::string path) : path_(std::move(path)) {
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    QFLASH_CHECK(fd >= 0, path_, ": cannot open: ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      QFLASH_FAIL(path_, ": cannot stat: ", std::strerror(err));
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      int err = errno;
+      ::close(fd);
+      QFLASH_CHECK(p != MAP_FAILED, path_, ": cannot map ", size_, " bytes: ", std::strerror(err));
+      data_ = static_cast<std::byte const*>(p);
+    } else {
+      ::close(fd);
+    }
+  }
+
+  MappedFile(MappedFile&& o) noexcept
+      : path_(std::move(o.path_)), data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)) {}
+  MappedFile& operator=(MappedFile&& o) noexcept {
+    if (this != &o) {
+      unmap();
+      path_ = std::move(o.path_);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  MappedFile(MappedFile const&) = delete;
+  MappedFile& operator=(MappedFile const&) = delete;
+  ~MappedFile() { unmap(); }
+
+  [[nodiscard]] std::span<std::byte const> bytes() const { return {data_, size_}; }
+  [[nodiscard]] std::byte const* data() const { return data_; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  [[nodiscard]] std::string const& path() const { return path_; }
+
+ private:
+  void unmap() {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+    data_ = nullptr;
+  }
+
+  std::string path_;
+  std::byte const* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace qflash

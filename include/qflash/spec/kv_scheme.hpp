@@ -1,0 +1,51 @@
+/// @file
+/// How attention K/V are stored. A compile-time spec field: each scheme generates its own
+/// quantize-append and attention kernels.
+#pragma once
+
+#include <string_view>
+
+namespace qflash {
+
+enum class KvScheme : int {
+  kAny = -1,     ///< decided at run time (the generic instance)
+  kBf16 = 0,
+  kFp8E4m3 = 1,  ///< one e4m3 byte per value, scale per token-head
+  kInt6 = 2,     ///< asymmetric 6-bit, scale and zero per token-head group, 4 values in 3 bytes
+  kMixed = 3,    ///< per-(layer, head) choice among the above, from a calibration map
+};
+
+constexpr std::string_view to_string(KvScheme k) {
+  switch (k) {
+    case KvScheme::kAny: return "any";
+    case KvScheme::kBf16: return "bf16";
+    case KvScheme::kFp8E4m3: return "fp8_e4m3";
+    case KvScheme::kInt6: return "int6";
+    case KvScheme::kMixed: return "mixed";
+  }
+  return "unknown";
+}
+
+/// Storage format of linear-layer weights.
+enum class WeightFormat : int {
+  kAny = -1,
+  kF32 = 0,
+  kBf16 = 1,
+  kFp8E4m3 = 2,
+  kQ8_0 = 3,
+  kQ4K = 4,
+};
+
+constexpr std::string_view to_string(WeightFormat w) {
+  switch (w) {
+    case WeightFormat::kAny: return "any";
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kBf16: return "bf16";
+    case WeightFormat::kFp8E4m3: return "fp8_e4m3";
+    case WeightFormat::kQ8_0: return "q8_0";
+    case WeightFormat::kQ4K: return "q4_k";
+  }
+  return "unknown";
+}
+
+}  // namespace qflash

@@ -1,0 +1,85 @@
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "qflash/core/error.hpp"
+#include "qflash/core/log.hpp"
+#include "qflash/core/mapped_file.hpp"
+#include "qflash/core/parallel.hpp"
+#include "qflash/core/tensor_view.hpp"
+
+using namespace qflash;
+
+TEST_CASE("QFLASH_CHECK throws Error with message, file and line") {
+  try {
+    int const got = 3;
+    QFLASH_CHECK(got == 4, "expected 4, got ", got);
+    FAIL("did not throw");
+  } catch (Error const& e) {
+    CHECK(std::string(e.what()) == "expected 4, got 3");
+    CHECK(std::string(e.file()).find("core_test.cpp") != std::string::npos);
+    CHECK(e.line() > 0);
+  }
+  CHECK_NOTHROW(QFLASH_CHECK(true, "never"));
+  CHECK_THROWS_WITH_AS(QFLASH_CHECK_STATUS(Status::kErrorArchMismatch, "launch"),
+                       "launch: arch mismatch", Error);
+}
+
+TEST_CASE("log sink receives messages and can be replaced") {
+  std::vector<std::pair<LogLevel, std::string>> seen;
+  set_log_sink([&](LogLevel l, std::string_view m) { seen.emplace_back(l, std::string(m)); });
+  QFLASH_LOG_INFO("loaded ", 3, " tensors");
+  QFLASH_LOG_WARN("slow path");
+  set_log_sink({});
+  QFLASH_LOG_WARN("dropped");
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0].first == LogLevel::kInfo);
+  CHECK(seen[0].second == "loaded 3 tensors");
+  CHECK(seen[1].first == LogLevel::kWarn);
+  set_log_sink(detail::default_log_sink);
+}
+
+TEST_CASE("Shape and TensorView") {
+  Shape s{2, 3, 4};
+  CHECK(s.rank == 3);
+  CHECK(s.numel() == 24);
+  CHECK(to_string(s) == "[2, 3, 4]");
+  CHECK(s == Shape{2, 3, 4});
+  CHECK_FALSE(s == Shape{2, 3});
+  CHECK_THROWS_AS((Shape{1, 2, 3, 4, 5}), Error);
+
+  std::vector<float> data(24);
+  TensorView v{data.data(), DType::kF32, s};
+  CHECK(v.bytes() == 96);
+  CHECK(v.as<float>(DType::kF32) == data.data());
+  CHECK_THROWS_WITH_AS((void)v.as<float>(DType::kBF16), "tensor holds f32, expected bf16", Error);
+}
+
+TEST_CASE("parallel_for visits every index once") {
+  std::vector<int> hits(1000, 0);
+  parallel_for(0, 1000, [&](std::int64_t i) { hits[static_cast<std::size_t>(i)] += 1; });
+  for (int h : hits) CHECK(h == 1);
+  CHECK(max_threads() >= 1);
+}
+
+TEST_CASE("MappedFile maps a file read-only and names the path on failure") {
+  std::string const path = "qflash_mapped_file_test.bin";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "hello qflash";
+  }
+  {
+    MappedFile m(path);
+    CHECK(m.size() == 12);
+    CHECK(std::string(reinterpret_cast<char const*>(m.data()), m.size()) == "hello qflash");
+    MappedFile moved = std::move(m);
+    CHECK(moved.size() == 12);
+    CHECK(m.data() == nullptr);
+  }
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH_AS(MappedFile("/nonexistent/qflash.bin"),
+                       doctest::Contains("/nonexistent/qflash.bin: cannot open"), Error);
+}

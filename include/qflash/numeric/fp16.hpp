@@ -1,0 +1,47 @@
+/// @file
+/// IEEE 754 binary16 as a plain 16-bit value with software conversions, so host code, device
+/// code and GGUF block scales share one rounding without including `cuda_fp16.h`.
+///
+/// Conversions match CUDA's `__float2half_rn` / `__half2float` host implementations bit for
+/// bit (tests/numeric): round to nearest even including subnormals, overflow to Inf, every
+/// NaN -> 0x7FFF, and fp16 NaN -> fp32 0x7FFFFFFF.
+#pragma once
+
+#include <cstdint>
+
+#include "qflash/core/config.hpp"
+#include "qflash/numeric/minifloat.hpp"
+
+namespace qflash {
+
+/// binary16: 1 sign, 5 exponent, 10 mantissa bits; max 65504, smallest subnormal 2^-24.
+struct Fp16 {
+  std::uint16_t bits;
+};
+
+inline constexpr float kFp16Max = 65504.0f;
+
+namespace detail {
+inline constexpr MiniFloatFormat kFp16Format{.man_bits = 10,
+                                             .bias = 15,
+                                             .total_bits = 16,
+                                             .max_finite = 0x7BFF,
+                                             .overflow = 0x7C00,
+                                             .nan = 0x7FFF,
+                                             .has_inf = true};
+}  // namespace detail
+
+/// fp32 -> fp16, round to nearest even.
+QFLASH_HD constexpr Fp16 to_fp16(float x) {
+  return {static_cast<std::uint16_t>(detail::encode_minifloat(x, detail::kFp16Format, false))};
+}
+
+/// fp16 -> fp32, exact (NaN becomes the canonical 0x7FFFFFFF).
+QFLASH_HD constexpr float to_float(Fp16 x) {
+  return detail::decode_minifloat(x.bits, detail::kFp16Format);
+}
+
+/// `x` rounded to the nearest fp16 value, as fp32.
+QFLASH_HD constexpr float round_to_fp16(float x) { return to_float(to_fp16(x)); }
+
+}  // namespace qflash

@@ -1,0 +1,49 @@
+/// @file
+/// CPU kernels/router_topk: fp32 softmax and a partial selection per token, threaded over
+/// tokens.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "qflash/core/parallel.hpp"
+#include "qflash/kernels/router_topk/op.hpp"
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_router_topk(arch::Cpu, RouterTopkArgs const& a, stream_t) {
+  if (Status s = can_implement_router_topk<S>(a); s != Status::kSuccess) return s;
+  int const n_expert = dim<S.n_expert>(a.n_expert);
+  int const k = dim<S.n_expert_used>(a.n_expert_used);
+  parallel_for(0, a.n_tokens, [&](std::int64_t t) {
+    thread_local std::vector<float> p;
+    thread_local std::vector<int> order;
+    p.resize(static_cast<std::size_t>(n_expert));
+    order.resize(static_cast<std::size_t>(n_expert));
+    float const* l = a.logits + t * n_expert;
+    float const mx = *std::max_element(l, l + n_expert);
+    float sum = 0;
+    for (int e = 0; e < n_expert; ++e) sum += (p[static_cast<std::size_t>(e)] = std::exp(l[e] - mx));
+    float const inv = 1.0f / sum;
+    for (auto& x : p) x *= inv;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int x, int y) {
+      float const px = p[static_cast<std::size_t>(x)], py = p[static_cast<std::size_t>(y)];
+      return px > py || (px == py && x < y);
+    });
+    float top = 0;
+    for (int j = 0; j < k; ++j) top += p[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    float const scale = a.renormalize ? 1.0f / top : 1.0f;
+    for (int j = 0; j < k; ++j) {
+      int const e = order[static_cast<std::size_t>(j)];
+      a.experts[t * k + j] = e;
+      a.weights[t * k + j] = p[static_cast<std::size_t>(e)] * scale;
+    }
+  });
+  return Status::kSuccess;
+}
+
+}  // namespace qflash::kernels

@@ -1,0 +1,38 @@
+/// @file
+/// Scalar reference for kernels/router_topk: fp64 softmax, a full stable sort.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "qflash/kernels/router_topk/op.hpp"
+
+namespace qflash::kernels::ref {
+
+inline void router_topk(RouterTopkArgs const& a) {
+  std::vector<double> p(static_cast<std::size_t>(a.n_expert));
+  std::vector<int> order(static_cast<std::size_t>(a.n_expert));
+  for (std::int64_t t = 0; t < a.n_tokens; ++t) {
+    float const* l = a.logits + t * a.n_expert;
+    double const mx = *std::max_element(l, l + a.n_expert);
+    double sum = 0;
+    for (int e = 0; e < a.n_expert; ++e) sum += (p[static_cast<std::size_t>(e)] = std::exp(l[e] - mx));
+    for (auto& x : p) x /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return p[static_cast<std::size_t>(x)] > p[static_cast<std::size_t>(y)];
+    });
+    double top = 0;
+    for (int j = 0; j < a.n_expert_used; ++j) top += p[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    for (int j = 0; j < a.n_expert_used; ++j) {
+      int const e = order[static_cast<std::size_t>(j)];
+      a.experts[t * a.n_expert_used + j] = e;
+      double const w = p[static_cast<std::size_t>(e)];
+      a.weights[t * a.n_expert_used + j] = static_cast<float>(a.renormalize ? w / top : w);
+    }
+  }
+}
+
+}  // namespace qflash::kernels::ref

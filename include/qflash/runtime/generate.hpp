@@ -1,0 +1,127 @@
+/// @file
+/// Single-sequence generation: prefill the prompt, then decode token by token with a sampler,
+/// streaming text as complete UTF-8 and stopping on an eos id, a stop string, or the token
+/// limit. Text that could be the start of a stop string is held back until it is decided.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qflash/io/tokenizer.hpp"
+#include "qflash/model/model.hpp"
+#include "qflash/runtime/sampler.hpp"
+
+namespace qflash::runtime {
+
+enum class FinishReason { kLength, kEos, kStopString };
+
+constexpr std::string_view to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kEos: return "stop";
+    case FinishReason::kStopString: return "stop";
+  }
+  return "unknown";
+}
+
+struct GenerateOptions {
+  int max_tokens = 128;
+  SamplingParams sampling;
+  std::vector<std::string> stop;          ///< stop strings; not included in the output
+  std::vector<std::int32_t> eos_ids;      ///< stop tokens; not included in the output
+};
+
+struct GenerateResult {
+  std::vector<std::int32_t> tokens;  ///< generated ids (eos excluded)
+  std::string text;                  ///< generated text up to any stop string
+  FinishReason finish = FinishReason::kLength;
+  std::int64_t n_prompt = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+/// Finds the first stop string in `text` at or after `from`; npos if none.
+inline std::size_t find_stop(std::string_view text, std::size_t from, std::vector<std::string> const& stop,
+                             std::size_t& stop_len) {
+  std::size_t best = std::string_view::npos;
+  for (auto const& s : stop) {
+    if (s.empty()) continue;
+    std::size_t const start = from >= s.size() - 1 ? from - (s.size() - 1) : 0;
+    std::size_t const at = text.find(s, start);
+    if (at < best) {
+      best = at;
+      stop_len = s.size();
+    }
+  }
+  return best;
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of some stop string.
+inline std::size_t held_back(std::string_view text, std::vector<std::string> const& stop) {
+  std::size_t hold = 0;
+  for (auto const& s : stop)
+    for (std::size_t n = std::min(s.size() - 1, text.size()); n > hold; --n)
+      if (text.substr(text.size() - n) == std::string_view(s).substr(0, n)) {
+        hold = n;
+        break;
+      }
+  return hold;
+}
+
+template <class Model>
+GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::int32_t const> prompt,
+                        GenerateOptions const& opt,
+                        std::function<void(std::string_view)> const& on_text = {}) {
+  QFLASH_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
+  QFLASH_CHECK(opt.max_tokens >= 0, "max_tokens must be >= 0, got ", opt.max_tokens);
+  using clock = std::chrono::steady_clock;
+  GenerateResult res;
+  res.n_prompt = static_cast<std::int64_t>(prompt.size());
+  Sampler sampler(opt.sampling);
+  auto state = model.new_sequence();
+  std::vector<std::int32_t> history(prompt.begin(), prompt.end());
+  std::vector<float> logits;
+  io::StreamDecoder decoder(tok);
+  std::size_t emitted = 0;  // bytes of res.text already passed to on_text
+
+  auto const t0 = clock::now();
+  model::SequenceChunk chunk{prompt, &state};
+  model.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  auto t1 = clock::now();
+  res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+
+  for (int i = 0; i < opt.max_tokens; ++i) {
+    std::int32_t const next = sampler.sample(logits, history);
+    if (std::find(opt.eos_ids.begin(), opt.eos_ids.end(), next) != opt.eos_ids.end()) {
+      res.finish = FinishReason::kEos;
+      break;
+    }
+    res.tokens.push_back(next);
+    history.push_back(next);
+    std::size_t const before = res.text.size();
+    res.text += decoder.push(next);
+    std::size_t stop_len = 0;
+    if (std::size_t at = find_stop(res.text, before, opt.stop, stop_len); at != std::string::npos) {
+      res.text.resize(at);
+      res.finish = FinishReason::kStopString;
+      break;
+    }
+    std::size_t const ready = res.text.size() - held_back(res.text, opt.stop);
+    if (on_text && ready > emitted) on_text(std::string_view(res.text).substr(emitted, ready - emitted));
+    emitted = std::max(emitted, ready);
+    if (i + 1 == opt.max_tokens) break;
+    chunk = {std::span(&res.tokens.back(), 1), &state};
+    model.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  }
+  if (res.finish != FinishReason::kStopString) res.text += decoder.flush();
+  if (on_text && res.text.size() > emitted) on_text(std::string_view(res.text).substr(emitted));
+  res.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  return res;
+}
+
+}  // namespace qflash::runtime

@@ -1,0 +1,255 @@
+// CPU kernels of the model's ops against their scalar references: linear (every ISA path,
+// f32 and bf16 weights), rope, attention, router_topk, expert_ffn.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "qflash/kernels/attention/cpu.hpp"
+#include "qflash/kernels/attention/ref.hpp"
+#include "qflash/kernels/expert_ffn/cpu.hpp"
+#include "qflash/kernels/expert_ffn/ref.hpp"
+#include "qflash/kernels/linear/cpu.hpp"
+#include "qflash/kernels/linear/ref.hpp"
+#include "qflash/kernels/rope/cpu.hpp"
+#include "qflash/kernels/rope/ref.hpp"
+#include "qflash/kernels/router_topk/cpu.hpp"
+#include "qflash/kernels/router_topk/ref.hpp"
+#include "qflash/numeric/bf16.hpp"
+#include "qflash/spec/presets.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+using namespace qflash;
+using namespace qflash::kernels;
+using qflash::test::all_close;
+using qflash::test::Tolerance;
+
+namespace {
+
+// fp32 sums of up to ~300 products of values in [-1, 1] against an fp64 reference: the
+// accumulated rounding is a few 1e-7 relative to the sum of |terms|, so 2e-5 absolute.
+constexpr Tolerance kDot{2e-5, 1e-5};
+
+std::vector<std::uint16_t> to_bf16_bits(std::vector<float> const& v) {
+  std::vector<std::uint16_t> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]).bits;
+  return out;
+}
+
+std::vector<arch::CpuIsa> isas_here() {
+  std::vector<arch::CpuIsa> out{arch::CpuIsa::kScalar};
+  for (auto isa : {arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512})
+    if (arch::detect_cpu_isa() >= isa) out.push_back(isa);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("linear: every ISA path equals the reference") {
+  for (auto isa : isas_here())
+    for (DType wt : {DType::kF32, DType::kBF16})
+      for (auto [n_tok, n_in, n_out] : std::vector<std::array<int, 3>>{{1, 1, 1}, {1, 31, 7}, {3, 71, 33}, {5, 129, 64}, {9, 256, 17}}) {
+        CAPTURE(to_string(isa));
+        CAPTURE(to_string(wt));
+        CAPTURE(n_tok);
+        CAPTURE(n_in);
+        CAPTURE(n_out);
+        auto x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 1);
+        auto wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 2);
+        auto wb = to_bf16_bits(wf);
+        LinearArgs a{};
+        a.w = {wt, wt == DType::kF32 ? static_cast<void const*>(wf.data()) : wb.data(), n_out, n_in};
+        a.x = x.data();
+        a.n_tokens = n_tok;
+        std::vector<float> y(static_cast<std::size_t>(n_tok * n_out), 0.5f), ref(y);
+        a.y = ref.data();
+        ref::linear(a);
+        a.y = y.data();
+        REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+        auto r = all_close<float, float>(y, ref, kDot);
+        CHECK_MESSAGE(r.ok, r.report);
+        // accumulate adds onto what is there
+        a.accumulate = true;
+        REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+        for (auto& v : ref) v *= 2;
+        r = all_close<float, float>(y, ref, kDot);
+        CHECK_MESSAGE(r.ok, r.report);
+      }
+}
+
+TEST_CASE("linear: strided rows and argument checks") {
+  std::vector<float> x(2 * 10, 1.0f), w(3 * 8, 0.25f), y(2 * 5, -1.0f);
+  LinearArgs a{};
+  a.w = {DType::kF32, w.data(), 3, 8};
+  a.x = x.data();
+  a.x_stride = 10;
+  a.y = y.data();
+  a.y_stride = 5;
+  a.n_tokens = 2;
+  REQUIRE(launch_linear<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+  for (int t = 0; t < 2; ++t) {
+    for (int o = 0; o < 3; ++o) CHECK(y[static_cast<std::size_t>(t * 5 + o)] == doctest::Approx(2.0));
+    CHECK(y[static_cast<std::size_t>(t * 5 + 3)] == -1.0f);  // untouched padding
+  }
+  a.x_stride = 4;
+  CHECK(launch_linear<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+  a.x_stride = 0;
+  a.w.dtype = DType::kFp8E4m3;
+  CHECK(launch_linear<spec::generic>(arch::Cpu{}, a) == Status::kErrorNotSupported);
+}
+
+TEST_CASE("rope: fp32-angle kernel equals the fp64 reference, partial and full") {
+  for (int rotary : {8, 32}) {
+    CAPTURE(rotary);
+    int const n_tok = 7, n_head = 3, d_head = 32;
+    auto x = test::random_floats(static_cast<std::size_t>(n_tok * n_head * d_head), 5);
+    std::vector<std::int64_t> pos{0, 1, 2, 9, 100, 1000, 4095};
+    auto y = x, ref_y = x;
+    RopeArgs a{};
+    a.positions = pos.data();
+    a.n_tokens = n_tok;
+    a.n_head = n_head;
+    a.d_head = d_head;
+    a.rotary_dim = rotary;
+    a.theta = 1e7f;
+    a.x = ref_y.data();
+    ref::rope(a);
+    a.x = y.data();
+    REQUIRE(launch_rope<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+    // fp32 angles at position 4095 differ from fp64 ones by up to ~2e-4 rad.
+    auto r = all_close<float, float>(y, ref_y, Tolerance{5e-4, 0});
+    CHECK_MESSAGE(r.ok, r.report);
+    // dims past rotary_dim pass through untouched; position 0 is the identity
+    for (int h = 0; h < n_head; ++h)
+      for (int i = 0; i < d_head; ++i) {
+        std::size_t const j = static_cast<std::size_t>(h * d_head + i);
+        CHECK(y[j] == x[j]);
+        if (i >= rotary) CHECK(y[static_cast<std::size_t>(6 * n_head * d_head) + j] == x[static_cast<std::size_t>(6 * n_head * d_head) + j]);
+      }
+  }
+}
+
+TEST_CASE("attention: causal GQA equals the reference, incremental equals full") {
+  int const n_head = 4, n_kv = 2, d = 16;
+  for (int n_ctx : {1, 5, 33}) {
+    CAPTURE(n_ctx);
+    auto q = test::random_floats(static_cast<std::size_t>(n_ctx * n_head * d), 7, -2, 2);
+    auto k = test::random_floats(static_cast<std::size_t>(n_ctx * n_kv * d), 8, -2, 2);
+    auto v = test::random_floats(static_cast<std::size_t>(n_ctx * n_kv * d), 9);
+    std::vector<float> out(q.size()), ref_out(q.size());
+    AttentionArgs a{};
+    a.q = q.data();
+    a.k = k.data();
+    a.v = v.data();
+    a.n_tokens = n_ctx;
+    a.n_ctx = n_ctx;
+    a.n_head = n_head;
+    a.n_head_kv = n_kv;
+    a.d_head = d;
+    a.scale = 0.25f;
+    a.out = ref_out.data();
+    ref::attention(a);
+    a.out = out.data();
+    REQUIRE(launch_attention<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+    auto r = all_close<float, float>(out, ref_out, kDot);
+    CHECK_MESSAGE(r.ok, r.report);
+    // The last token alone over the whole cache gives the last row of the full result.
+    std::vector<float> last(static_cast<std::size_t>(n_head * d));
+    a.q = q.data() + (n_ctx - 1) * n_head * d;
+    a.n_tokens = 1;
+    a.out = last.data();
+    REQUIRE(launch_attention<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+    for (std::size_t i = 0; i < last.size(); ++i) CHECK(last[i] == out[static_cast<std::size_t>((n_ctx - 1) * n_head * d) + i]);
+  }
+  AttentionArgs bad{};
+  CHECK(launch_attention<spec::generic>(arch::Cpu{}, bad) == Status::kErrorInvalidProblem);
+}
+
+TEST_CASE("router_topk: same expert sets and weights as the reference; weights sum to 1") {
+  for (auto [n_expert, k] : std::vector<std::array<int, 2>>{{8, 2}, {31, 4}, {71, 8}, {129, 8}, {256, 8}}) {
+    CAPTURE(n_expert);
+    int const n_tok = 5;
+    auto logits = test::random_floats(static_cast<std::size_t>(n_tok * n_expert), 11, -4, 4);
+    std::vector<std::int32_t> e(static_cast<std::size_t>(n_tok * k)), e_ref(e.size());
+    std::vector<float> w(e.size()), w_ref(e.size());
+    RouterTopkArgs a{};
+    a.logits = logits.data();
+    a.n_tokens = n_tok;
+    a.n_expert = n_expert;
+    a.n_expert_used = k;
+    a.experts = e_ref.data();
+    a.weights = w_ref.data();
+    ref::router_topk(a);
+    a.experts = e.data();
+    a.weights = w.data();
+    REQUIRE(launch_router_topk<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+    for (int t = 0; t < n_tok; ++t) {
+      auto row = [&](auto const& v) {
+        return std::set<std::int32_t>(v.begin() + t * k, v.begin() + (t + 1) * k);
+      };
+      CHECK(row(e) == row(e_ref));
+      float const sum = std::accumulate(w.begin() + t * k, w.begin() + (t + 1) * k, 0.0f);
+      CHECK(sum == doctest::Approx(1.0).epsilon(1e-6));
+      for (int j = 1; j < k; ++j) CHECK(w[static_cast<std::size_t>(t * k + j - 1)] >= w[static_cast<std::size_t>(t * k + j)]);
+    }
+    auto r = all_close<float, float>(w, w_ref, Tolerance{1e-6, 1e-5});
+    CHECK_MESSAGE(r.ok, r.report);
+  }
+  // The compiled spec's expert count is enforced.
+  std::vector<float> l(8);
+  std::vector<std::int32_t> e(2);
+  std::vector<float> w(2);
+  RouterTopkArgs a{l.data(), e.data(), w.data(), 1, 8, 2, true};
+  CHECK(launch_router_topk<spec::qwen3_6_35b_a3b>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+}
+
+TEST_CASE("expert_ffn: grouped experts equal the per-pair reference") {
+  int const n_expert = 5, d_model = 24, d_ff = 13, k = 2;
+  for (DType wt : {DType::kF32, DType::kBF16})
+    for (int n_tok : {1, 4, 11}) {
+      CAPTURE(n_tok);
+      CAPTURE(to_string(wt));
+      std::vector<std::vector<float>> store;
+      std::vector<std::vector<std::uint16_t>> store_bf16;
+      std::vector<ExpertWeights> experts;
+      auto make = [&](std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+        store.push_back(test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f));
+        store_bf16.push_back(to_bf16_bits(store.back()));
+        void const* p = wt == DType::kF32 ? static_cast<void const*>(store.back().data()) : store_bf16.back().data();
+        return WeightView{wt, p, rows, cols};
+      };
+      store.reserve(3 * n_expert);
+      store_bf16.reserve(3 * n_expert);
+      for (int e = 0; e < n_expert; ++e)
+        experts.push_back({make(d_ff, d_model, 100 + 3 * e), make(d_ff, d_model, 101 + 3 * e), make(d_model, d_ff, 102 + 3 * e)});
+      auto x = test::random_floats(static_cast<std::size_t>(n_tok * d_model), 3);
+      std::vector<std::int32_t> routes;
+      std::vector<float> rw;
+      for (int t = 0; t < n_tok; ++t) {
+        routes.push_back((t * 3) % n_expert);
+        routes.push_back((t * 3 + 1 + t % 2) % n_expert);
+        rw.push_back(0.7f);
+        rw.push_back(0.3f);
+      }
+      std::vector<float> out(static_cast<std::size_t>(n_tok * d_model), 1.0f), ref_out(out);
+      ExpertFfnArgs a{};
+      a.experts = experts;
+      a.x = x.data();
+      a.routes = routes.data();
+      a.route_weights = rw.data();
+      a.n_tokens = n_tok;
+      a.n_expert_used = k;
+      a.out = ref_out.data();
+      ref::expert_ffn(a);
+      a.out = out.data();
+      REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+      auto r = all_close<float, float>(out, ref_out, kDot);
+      CHECK_MESSAGE(r.ok, r.report);
+      routes[0] = n_expert;
+      CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+    }
+}

@@ -36,7 +36,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file, load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import check_fixtures  # noqa: E402
+import check_fixtures
+import qwen_tokenizer  # noqa: E402
 
 from transformers import (
     Qwen3_5MoeConfig,
@@ -651,6 +652,9 @@ def main():
             vl_dir = os.path.join(out_root, "qwen3_5_moe_tiny_vl")
             write_vl_variant(model, vl_dir, prompts, seed, attempts)
             dirs.append(vl_dir)
+        # a byte-level tokenizer (ids = bytes) so that text commands run on the fixtures
+        for d in dirs:
+            qwen_tokenizer.byte_tokenizer().save(os.path.join(d, "tokenizer.json"))
         # independent float64 re-implementation (tools/check_fixtures.py, written from MODELS.md)
         for d in dirs:
             diff = check_fixtures.check_dir(d)

@@ -63,6 +63,23 @@ def build_tokenizer(vocab: dict, merges: list, special_tokens=SPECIAL_TOKENS,
     return tok
 
 
+def byte_tokenizer(pattern: str = QWEN35_PATTERN) -> Tokenizer:
+    """The 256 byte symbols as ids 0..255 (id = byte value), no merges, no special tokens: a valid
+    Qwen-pipeline tokenizer for the tiny fixture models, whose vocabulary is 256."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    del ByteLevel  # the byte -> symbol map below is GPT-2's bytes_to_unicode, as ByteLevel uses
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    symbol, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            symbol[b] = chr(b)
+        else:
+            symbol[b] = chr(256 + extra)
+            extra += 1
+    return build_tokenizer({symbol[b]: b for b in range(256)}, [], special_tokens=[], pattern=pattern)
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
                     special_tokens=SPECIAL_TOKENS, pattern: str = QWEN35_PATTERN,
                     show_progress: bool = False) -> Tokenizer:

@@ -31,6 +31,7 @@ struct CommonOptions {
   std::string model_dir = QFLASH_DEFAULT_MODEL_DIR;
   std::string weights = "f32";
   int threads = 0;
+  bool no_verify = false;
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
@@ -40,6 +41,7 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("-t,--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--no-verify", o.no_verify, "skip checking the files against the model's SHA256SUMS");
 }
 
 model::ModelOptions model_options(CommonOptions const& o) {
@@ -50,6 +52,7 @@ model::ModelOptions model_options(CommonOptions const& o) {
                o.model_dir == QFLASH_DEFAULT_MODEL_DIR ? " (the embedded default model is missing: pass --model DIR)" : "");
   model::ModelOptions m;
   m.weight_dtype = o.weights == "bf16" ? DType::kBF16 : DType::kF32;
+  m.verify_checksums = !o.no_verify;
   return m;
 }
 

@@ -19,6 +19,7 @@
 
 #include "qflash/core/error.hpp"
 #include "qflash/io/checkpoint.hpp"
+#include "qflash/io/checksums.hpp"
 #include "qflash/io/hf_config.hpp"
 #include "qflash/io/progress.hpp"
 #include "qflash/kernels/add_rmsnorm/cpu.hpp"
@@ -41,6 +42,7 @@ struct ModelOptions {
   kernels::DeltaRuleForm prefill_form = kernels::DeltaRuleForm::kChunked;  ///< for chunks of > 1 token
   int delta_chunk = 64;
   bool progress = ::isatty(2) != 0;  ///< load progress bar on stderr
+  bool verify_checksums = true;       ///< check SHA256SUMS when the directory has one
 };
 
 /// One sequence's new tokens in a batch.
@@ -60,6 +62,7 @@ class Model {
  public:
   /// Loads a Hugging Face model directory; throws Error naming the file and field/tensor.
   static std::unique_ptr<Model> load(std::string const& dir, ModelOptions const& opts = {}) {
+    if (opts.verify_checksums && io::has_checksums(dir)) io::verify_checksums(dir);
     auto cfg = io::load_config(dir);
     auto ckpt = std::make_unique<io::Checkpoint>(io::Checkpoint::open(dir));
     QFLASH_CHECK(ckpt->has_weights(), dir, ": no weights (model.safetensors or its index) found");

@@ -19,7 +19,7 @@ Status launch_attention(arch::Cpu, AttentionArgs const& a, stream_t) {
   if (d != a.d_head) return Status::kErrorInvalidProblem;
   int const group = a.n_head / a.n_head_kv;
   std::int64_t const n_items = a.n_tokens * a.n_head;
-  parallel_for(0, n_items, [&](std::int64_t item) {
+  parallel_for(0, n_items, 2 * a.n_ctx * d, [&](std::int64_t item) {
     thread_local std::vector<float> p;
     std::int64_t const t = item / a.n_head;
     int const h = static_cast<int>(item % a.n_head);

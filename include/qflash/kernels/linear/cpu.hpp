@@ -117,7 +117,7 @@ inline Status linear(arch::CpuIsa isa, LinearArgs const& a) {
   // Blocks of rows small enough to balance threads, large enough to amortise scheduling.
   std::int64_t const block = std::max<std::int64_t>(8, a.w.rows / (8 * max_threads()));
   std::int64_t const n_blocks = (a.w.rows + block - 1) / block;
-  parallel_for(0, n_blocks, [&](std::int64_t b) {
+  parallel_for(0, n_blocks, block * a.w.cols * std::max<std::int64_t>(1, a.n_tokens), [&](std::int64_t b) {
     linear_rows(isa, p, b * block, std::min(a.w.rows, (b + 1) * block));
   });
   return Status::kSuccess;

@@ -17,7 +17,7 @@ Status launch_rope(arch::Cpu, RopeArgs const& a, stream_t) {
   int const half = a.rotary_dim / 2;
   std::vector<float> inv_freq(static_cast<std::size_t>(half));
   for (int j = 0; j < half; ++j) inv_freq[static_cast<std::size_t>(j)] = rope_inv_freq(a.theta, j, a.rotary_dim);
-  parallel_for(0, a.n_tokens, [&](std::int64_t t) {
+  parallel_for(0, a.n_tokens, a.n_head * a.rotary_dim * 4, [&](std::int64_t t) {
     float const pos = static_cast<float>(a.positions[t]);
     for (int j = 0; j < half; ++j) {
       float const ang = pos * inv_freq[static_cast<std::size_t>(j)];

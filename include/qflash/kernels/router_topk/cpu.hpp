@@ -18,7 +18,7 @@ Status launch_router_topk(arch::Cpu, RouterTopkArgs const& a, stream_t) {
   if (Status s = can_implement_router_topk<S>(a); s != Status::kSuccess) return s;
   int const n_expert = dim<S.n_expert>(a.n_expert);
   int const k = dim<S.n_expert_used>(a.n_expert_used);
-  parallel_for(0, a.n_tokens, [&](std::int64_t t) {
+  parallel_for(0, a.n_tokens, 4 * n_expert, [&](std::int64_t t) {
     thread_local std::vector<float> p;
     thread_local std::vector<int> order;
     p.resize(static_cast<std::size_t>(n_expert));

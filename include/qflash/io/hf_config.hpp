@@ -1,0 +1,433 @@
+/// @file
+/// The run-time model config, read from a Hugging Face `config.json` (plus
+/// `generation_config.json`) for the two supported families: qwen3_5_moe (Qwen3.5/3.6 MoE,
+/// text config flat or nested under "text_config") and qwen3_moe (Qwen3-30B-A3B style).
+/// Absent keys take the defaults of transformers' config classes (Qwen3_5MoeTextConfig,
+/// Qwen3MoeConfig), and nothing else; keys of the wrong type or out of range are errors that
+/// name the file and the field. Also the memory arithmetic (parameters, KV bytes, recurrent
+/// state bytes) that sizing and the CLI report. Host only.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "qflash/core/dtype.hpp"
+#include "qflash/core/error.hpp"
+#include "qflash/core/log.hpp"
+#include "qflash/io/json.hpp"
+#include "qflash/spec/kv_scheme.hpp"
+#include "qflash/spec/moe_spec.hpp"
+
+namespace qflash::io {
+
+enum class LayerKind { kFullAttention, kLinearAttention };
+
+constexpr std::string_view to_string(LayerKind k) {
+  return k == LayerKind::kFullAttention ? "full_attention" : "linear_attention";
+}
+
+struct ModelConfig {
+  std::string model_type;  ///< canonical family name: "qwen3_5_moe" or "qwen3_moe"
+  ModelFamily family = ModelFamily::kAny;
+
+  int d_model = 0, n_layer = 0, n_head = 0, n_head_kv = 0, d_head = 0, vocab = 0;
+  int n_expert = 0, n_expert_used = 0, d_ff_expert = 0;
+  int d_ff_shared = 0;  ///< 0 for qwen3_moe
+  /// Gated DeltaNet; all 0 for qwen3_moe.
+  int n_head_k_linear = 0, n_head_v_linear = 0, d_head_k_linear = 0, d_head_v_linear = 0,
+      d_conv = 0;
+  std::vector<LayerKind> layer_types;  ///< n_layer entries
+
+  float rope_theta = 0;
+  float partial_rotary_factor = 1;
+  int rotary_dim = 0;  ///< leading dims of each head that RoPE rotates (d_head * factor, even)
+  float rms_norm_eps = 0;
+  bool norm_topk_prob = true;  ///< renormalize the top-k router weights
+  bool tie_word_embeddings = false;
+  bool attn_output_gate = false;  ///< q_proj also yields a sigmoid gate on the attention output
+
+  std::vector<int> eos_token_ids;  ///< config's, then generation_config's, without repeats
+  std::optional<int> bos_token_id, pad_token_id;
+  int max_position_embeddings = 0;
+
+  /// qwen3_moe: layer i is a dense MLP (width d_ff_dense) when it is in mlp_only_layers or
+  /// (i + 1) % decoder_sparse_step != 0. load_config rejects such configs for now.
+  std::vector<int> mlp_only_layers;
+  int decoder_sparse_step = 1;
+  int d_ff_dense = 0;  ///< "intermediate_size"; qwen3_moe only, used only by dense layers
+
+  DType dtype = DType::kF32;  ///< "dtype"/"torch_dtype"; F32 (PyTorch's default) when absent
+  std::string source;         ///< path of the config.json, for messages
+
+  [[nodiscard]] bool is_moe_layer(int i) const {
+    if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end())
+      return false;
+    return n_expert > 0 && (i + 1) % decoder_sparse_step == 0;
+  }
+  [[nodiscard]] int n_layer_of(LayerKind k) const {
+    return static_cast<int>(std::count(layer_types.begin(), layer_types.end(), k));
+  }
+
+  /// The run-time spec; throws Error naming `source` when `why_invalid` objects.
+  [[nodiscard]] MoeSpec spec(KvScheme kv, WeightFormat w) const {
+    MoeSpec s{
+        .family = family,
+        .d_model = d_model,
+        .n_head = n_head,
+        .n_head_kv = n_head_kv,
+        .d_head = d_head,
+        .n_expert = n_expert,
+        .n_expert_used = n_expert_used,
+        .d_ff_expert = d_ff_expert,
+        .d_ff_shared = d_ff_shared,
+        .n_head_k_linear = n_head_k_linear,
+        .n_head_v_linear = n_head_v_linear,
+        .d_head_k_linear = d_head_k_linear,
+        .d_head_v_linear = d_head_v_linear,
+        .d_conv = d_conv,
+        .kv = kv,
+        .weights = w,
+    };
+    auto why = why_invalid(s);
+    QFLASH_CHECK(why.empty(), source, ": unsupported model: ", why);
+    return s;
+  }
+
+  // --- Parameter counts (text model only: no MTP, no vision tower) --------------------------
+  [[nodiscard]] std::int64_t n_params_full_attention_layer() const {
+    std::int64_t const dm = d_model, q = std::int64_t{n_head} * d_head,
+                       kv = std::int64_t{n_head_kv} * d_head;
+    return dm * q * (attn_output_gate ? 2 : 1)  // q_proj (+ gate)
+           + 2 * dm * kv                        // k_proj, v_proj
+           + q * dm                             // o_proj
+           + 2 * std::int64_t{d_head};          // q_norm, k_norm
+  }
+  [[nodiscard]] std::int64_t n_params_linear_attention_layer() const {
+    std::int64_t const dm = d_model, hv = n_head_v_linear;
+    std::int64_t const value_dim = hv * d_head_v_linear;
+    std::int64_t const conv_dim = 2 * std::int64_t{n_head_k_linear} * d_head_k_linear + value_dim;
+    return conv_dim * dm         // in_proj_qkv
+           + value_dim * dm      // in_proj_z
+           + 2 * hv * dm         // in_proj_b, in_proj_a
+           + conv_dim * d_conv   // conv1d (no bias)
+           + 2 * hv              // dt_bias, A_log
+           + d_head_v_linear     // norm
+           + dm * value_dim;     // out_proj
+  }
+  [[nodiscard]] std::int64_t n_params_expert() const {
+    return 3 * std::int64_t{d_ff_expert} * d_model;  // gate, up, down
+  }
+  [[nodiscard]] std::int64_t n_params_shared_expert() const {
+    return d_ff_shared > 0 ? 3 * std::int64_t{d_ff_shared} * d_model + d_model : 0;  // + gate
+  }
+  [[nodiscard]] std::int64_t n_params_router() const {
+    return std::int64_t{n_expert} * d_model;
+  }
+  [[nodiscard]] std::int64_t n_params_dense_mlp() const {
+    return 3 * std::int64_t{d_ff_dense} * d_model;
+  }
+
+  /// Parameters of the text model: embedding, layers, final norm, and lm_head unless tied.
+  [[nodiscard]] std::int64_t n_params_total() const {
+    return n_params_counted(false);
+  }
+  /// Parameters touched per token: mixers, norms, routers, n_expert_used experts, the shared
+  /// expert and lm_head; not the embedding table (a lookup reads one row).
+  [[nodiscard]] std::int64_t n_params_active() const { return n_params_counted(true); }
+
+  /// K and V of every full-attention layer for one token (no quantization scales).
+  [[nodiscard]] std::int64_t kv_bytes_per_token(DType kv_dtype) const {
+    return std::int64_t{n_layer_of(LayerKind::kFullAttention)} * 2 * n_head_kv * d_head *
+           static_cast<std::int64_t>(size_of(kv_dtype));
+  }
+
+  /// Gated DeltaNet state of one sequence, independent of its length: per linear layer the
+  /// conv state [conv_dim, d_conv - 1] and the recurrent state [H_v, d_k, d_v].
+  [[nodiscard]] std::int64_t linear_state_bytes_per_sequence(DType conv_dtype,
+                                                             DType state_dtype) const {
+    if (d_conv == 0) return 0;
+    std::int64_t const conv_dim = 2 * std::int64_t{n_head_k_linear} * d_head_k_linear +
+                                  std::int64_t{n_head_v_linear} * d_head_v_linear;
+    std::int64_t const per_layer =
+        conv_dim * (d_conv - 1) * static_cast<std::int64_t>(size_of(conv_dtype)) +
+        std::int64_t{n_head_v_linear} * d_head_k_linear * d_head_v_linear *
+            static_cast<std::int64_t>(size_of(state_dtype));
+    return std::int64_t{n_layer_of(LayerKind::kLinearAttention)} * per_layer;
+  }
+
+ private:
+  [[nodiscard]] std::int64_t n_params_counted(bool active) const {
+    std::int64_t const table = std::int64_t{vocab} * d_model;
+    std::int64_t n = 0;
+    for (int i = 0; i < n_layer; ++i) {
+      n += 2 * std::int64_t{d_model};  // input_layernorm, post_attention_layernorm
+      n += layer_types[static_cast<std::size_t>(i)] == LayerKind::kFullAttention
+               ? n_params_full_attention_layer()
+               : n_params_linear_attention_layer();
+      if (is_moe_layer(i))
+        n += n_params_router() + (active ? n_expert_used : n_expert) * n_params_expert() +
+             n_params_shared_expert();
+      else
+        n += n_params_dense_mlp();
+    }
+    n += d_model;  // final norm
+    if (active) return n + table;  // lm_head (tied or not)
+    return n + table + (tie_word_embeddings ? 0 : table);
+  }
+};
+
+namespace detail {
+
+inline DType parse_torch_dtype(JsonFields const& f, std::string_view key) {
+  std::string s = f.string(key);
+  std::string_view v = s;
+  if (v.starts_with("torch.")) v.remove_prefix(6);
+  if (v == "bfloat16") return DType::kBF16;
+  if (v == "float16" || v == "half") return DType::kF16;
+  if (v == "float32" || v == "float") return DType::kF32;
+  f.fail(key, "one of \"bfloat16\", \"float16\", \"float32\"");
+}
+
+struct Rope {
+  double theta = 10000.0;  // transformers' RotaryEmbeddingConfigMixin.default_theta
+  std::optional<double> partial_rotary_factor;
+};
+
+/// RoPE from "rope_parameters" (new) or "rope_scaling" (old), else top-level "rope_theta" /
+/// "partial_rotary_factor" (the precedence of transformers' convert_rope_params_to_dict).
+/// Only the default rope type is supported; "mrope" (an old alias) and the mrope_section /
+/// mrope_interleaved keys are accepted: for text every MRoPE stream carries the same position,
+/// so interleaved MRoPE equals plain RoPE and the sections are checked, then ignored.
+inline Rope parse_rope(JsonFields const& f) {
+  Rope r;
+  std::optional<JsonFields> params;
+  for (std::string_view key : {"rope_parameters", "rope_scaling"}) {
+    if (f.has(key)) {
+      params.emplace(f.object(key));
+      break;
+    }
+  }
+  if (f.has("rope_theta")) r.theta = f.number("rope_theta");
+  if (f.has("partial_rotary_factor")) r.partial_rotary_factor = f.number("partial_rotary_factor");
+  if (params) {
+    std::string type = "default";
+    if (params->has("rope_type"))
+      type = params->string("rope_type");
+    else if (params->has("type"))
+      type = params->string("type");
+    if (type != "default" && type != "mrope")
+      QFLASH_FAIL(f.file(), ": rope type '", type, "' (field '",
+                  params->has("rope_type") ? params->field("rope_type") : params->field("type"),
+                  "') is not supported; only the default RoPE is");
+    if (params->has("rope_theta")) r.theta = params->number("rope_theta");
+    if (params->has("partial_rotary_factor"))
+      r.partial_rotary_factor = params->number("partial_rotary_factor");
+  }
+  QFLASH_CHECK(r.theta > 0, f.file(), ": rope_theta must be positive, got ", r.theta);
+  return r;
+}
+
+/// Checks mrope_section (when present) sums to rotary_dim / 2, as transformers requires.
+inline void check_mrope_section(JsonFields const& f, int rotary_dim) {
+  for (std::string_view key : {"rope_parameters", "rope_scaling"}) {
+    if (!f.has(key)) continue;
+    JsonFields p = f.object(key);
+    if (!p.has("mrope_section")) return;
+    auto sec = p.int_list("mrope_section", {});
+    int sum = 0;
+    for (int s : sec) sum += s;
+    if (sum != rotary_dim / 2)
+      p.fail("mrope_section", "sections summing to rotary_dim / 2 = " +
+                                  std::to_string(rotary_dim / 2));
+    if (p.has("mrope_interleaved")) (void)p.boolean("mrope_interleaved", false);
+    return;
+  }
+}
+
+inline std::vector<LayerKind> parse_layer_types(JsonFields const& f, int n_layer) {
+  std::vector<LayerKind> out;
+  if (f.has("layer_types")) {
+    auto names = f.string_list("layer_types");
+    if (static_cast<int>(names.size()) != n_layer)
+      f.fail("layer_types", "a list of " + std::to_string(n_layer) +
+                                " entries (num_hidden_layers)");
+    for (auto const& s : names) {
+      // transformers remaps the legacy names "attention" and "mamba".
+      if (s == "full_attention" || s == "attention")
+        out.push_back(LayerKind::kFullAttention);
+      else if (s == "linear_attention" || s == "mamba")
+        out.push_back(LayerKind::kLinearAttention);
+      else
+        f.fail("layer_types", "a list of \"full_attention\" / \"linear_attention\"");
+    }
+    return out;
+  }
+  int const interval = f.positive_int("full_attention_interval", 4);
+  for (int i = 0; i < n_layer; ++i)
+    out.push_back((i + 1) % interval == 0 ? LayerKind::kFullAttention
+                                          : LayerKind::kLinearAttention);
+  return out;
+}
+
+}  // namespace detail
+
+/// Reads `dir/config.json` (and `dir/generation_config.json` when present). Throws Error naming
+/// the file and the field for an unsupported model type, a field of the wrong type or range,
+/// or a feature the runtime lacks (RoPE scaling, attention bias, sliding window, dense layers).
+inline ModelConfig load_config(std::string const& dir) {
+  namespace fs = std::filesystem;
+  std::string const path = (fs::path(dir) / "config.json").string();
+  Json const root = read_json_file(path);
+  JsonFields const top(root, path);
+
+  ModelConfig c;
+  c.source = path;
+  std::string const type = top.string("model_type");
+  bool const qwen35 = type == "qwen3_5_moe" || type == "qwen3_5_moe_text";
+  if (!qwen35 && type != "qwen3_moe")
+    QFLASH_FAIL(path, ": model_type '", type,
+                "' is not supported (supported: qwen3_5_moe, qwen3_5_moe_text, qwen3_moe)");
+  c.family = qwen35 ? ModelFamily::kQwen35Moe : ModelFamily::kQwen3Moe;
+  c.model_type = std::string(to_string(c.family));
+
+  // The text model's fields: nested for the multimodal qwen3_5_moe checkpoints, flat otherwise.
+  bool const nested = qwen35 && top.has("text_config");
+  JsonFields const t = nested ? top.object("text_config") : top;
+  if (nested && t.has("model_type")) {
+    std::string tt = t.string("model_type");
+    if (tt != "qwen3_5_moe_text" && tt != "qwen3_5_moe")
+      t.fail("model_type", "\"qwen3_5_moe_text\"");
+  }
+  // Keys that can sit at either level: the text config first, then the top level.
+  auto either = [&](std::string_view key) -> JsonFields const& {
+    return (!nested || t.has(key) || !top.has(key)) ? t : top;
+  };
+
+  if (qwen35) {  // Qwen3_5MoeTextConfig defaults
+    c.vocab = t.positive_int("vocab_size", 248320);
+    c.d_model = t.positive_int("hidden_size", 2048);
+    c.n_layer = t.positive_int("num_hidden_layers", 40);
+    c.n_head = t.positive_int("num_attention_heads", 16);
+    c.n_head_kv = t.positive_int("num_key_value_heads", 2);
+    c.d_head = t.positive_int("head_dim", 256);
+    c.max_position_embeddings = t.positive_int("max_position_embeddings", 32768);
+    c.n_expert = t.positive_int("num_experts", 256);
+    c.n_expert_used = t.positive_int("num_experts_per_tok", 8);
+    c.d_ff_expert = t.positive_int("moe_intermediate_size", 512);
+    c.d_ff_shared = t.positive_int("shared_expert_intermediate_size", 512);
+    c.n_head_k_linear = t.positive_int("linear_num_key_heads", 16);
+    c.n_head_v_linear = t.positive_int("linear_num_value_heads", 32);
+    c.d_head_k_linear = t.positive_int("linear_key_head_dim", 128);
+    c.d_head_v_linear = t.positive_int("linear_value_head_dim", 128);
+    c.d_conv = t.positive_int("linear_conv_kernel_dim", 4);
+    c.layer_types = detail::parse_layer_types(t, c.n_layer);
+    // The reference deletes norm_topk_prob and always renormalizes; read it only to check type.
+    if (t.has("norm_topk_prob") && !t.boolean("norm_topk_prob", true))
+      QFLASH_LOG_WARN(path, ": ", t.field("norm_topk_prob"),
+                      " is false, but qwen3_5_moe always renormalizes the top-k weights "
+                      "(as transformers does); ignoring it");
+    c.norm_topk_prob = true;
+    // The reference always gates the attention output (q_proj is 2x wide).
+    if (!t.boolean("attn_output_gate", true))
+      QFLASH_FAIL(path, ": field '", t.field("attn_output_gate"),
+                  "' is false; qwen3_5_moe without the attention output gate is not supported");
+    c.attn_output_gate = true;
+    c.mlp_only_layers = t.int_list("mlp_only_layers", {});
+    c.decoder_sparse_step = 1;
+  } else {  // Qwen3MoeConfig defaults
+    c.vocab = t.positive_int("vocab_size", 151936);
+    c.d_model = t.positive_int("hidden_size", 2048);
+    c.n_layer = t.positive_int("num_hidden_layers", 24);
+    c.n_head = t.positive_int("num_attention_heads", 32);
+    c.n_head_kv = t.positive_int("num_key_value_heads", 4);
+    // Qwen3MoeAttention: getattr(config, "head_dim", hidden_size // num_attention_heads)
+    c.d_head = t.positive_int("head_dim", c.d_model / c.n_head);
+    c.max_position_embeddings = t.positive_int("max_position_embeddings", 32768);
+    c.n_expert = t.has("num_experts") || !t.has("num_local_experts")
+                     ? t.positive_int("num_experts", 128)
+                     : t.positive_int("num_local_experts");
+    c.n_expert_used = t.positive_int("num_experts_per_tok", 8);
+    c.d_ff_expert = t.positive_int("moe_intermediate_size", 768);
+    c.d_ff_dense = t.positive_int("intermediate_size", 6144);
+    c.norm_topk_prob = t.boolean("norm_topk_prob", false);
+    c.attn_output_gate = false;
+    c.layer_types.assign(static_cast<std::size_t>(c.n_layer), LayerKind::kFullAttention);
+    c.mlp_only_layers = t.int_list("mlp_only_layers", {});
+    c.decoder_sparse_step = t.positive_int("decoder_sparse_step", 1);
+    if (t.boolean("use_sliding_window", false))
+      QFLASH_FAIL(path, ": field '", t.field("use_sliding_window"),
+                  "' is true; sliding-window attention is not supported");
+  }
+  if (t.boolean("attention_bias", false))
+    QFLASH_FAIL(path, ": field '", t.field("attention_bias"),
+                "' is true; attention projections with bias are not supported");
+  if (std::string act = t.string("hidden_act", "silu"); act != "silu")
+    t.fail("hidden_act", "\"silu\" (the only activation supported)");
+  c.rms_norm_eps = static_cast<float>(t.positive_number("rms_norm_eps", 1e-6));
+  c.tie_word_embeddings = either("tie_word_embeddings").boolean("tie_word_embeddings", false);
+
+  for (int l : c.mlp_only_layers)
+    if (l >= c.n_layer)
+      t.fail("mlp_only_layers", "layer indices below num_hidden_layers = " +
+                                    std::to_string(c.n_layer));
+  for (int i = 0; i < c.n_layer; ++i)
+    if (!c.is_moe_layer(i))
+      QFLASH_FAIL(path, ": layer ", i, " is a dense MLP (", t.field("mlp_only_layers"), " / ",
+                  t.field("decoder_sparse_step"), "): dense MLP layers not supported yet");
+
+  // RoPE.
+  detail::Rope const rope = detail::parse_rope(t);
+  c.rope_theta = static_cast<float>(rope.theta);
+  // Qwen3_5MoeTextConfig defaults partial_rotary_factor to 0.25; elsewhere RoPE is full-width.
+  c.partial_rotary_factor =
+      static_cast<float>(rope.partial_rotary_factor.value_or(qwen35 ? 0.25 : 1.0));
+  QFLASH_CHECK(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1, path,
+               ": partial_rotary_factor must be in (0, 1], got ", c.partial_rotary_factor);
+  c.rotary_dim = static_cast<int>(static_cast<double>(c.d_head) * c.partial_rotary_factor);
+  QFLASH_CHECK(c.rotary_dim > 0 && c.rotary_dim % 2 == 0, path, ": rotary dim = head_dim ",
+               c.d_head, " x partial_rotary_factor ", c.partial_rotary_factor, " = ",
+               c.rotary_dim, " must be a positive even number");
+  detail::check_mrope_section(t, c.rotary_dim);
+
+  // dtype: newer configs say "dtype", older ones "torch_dtype".
+  for (std::string_view key : {"dtype", "torch_dtype"}) {
+    JsonFields const& f = either(key);
+    if (f.has(key)) {
+      c.dtype = detail::parse_torch_dtype(f, key);
+      break;
+    }
+  }
+
+  // Special tokens: the text config first, then the top level, then generation_config.json.
+  c.eos_token_ids = either("eos_token_id").int_or_int_list("eos_token_id");
+  c.bos_token_id = either("bos_token_id").optional_nonneg_int("bos_token_id");
+  c.pad_token_id = either("pad_token_id").optional_nonneg_int("pad_token_id");
+  std::string const gen_path = (fs::path(dir) / "generation_config.json").string();
+  std::error_code ec;
+  if (fs::exists(gen_path, ec)) {
+    Json const g = read_json_file(gen_path);
+    JsonFields const gf(g, gen_path);
+    for (int id : gf.int_or_int_list("eos_token_id"))
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(id);
+    if (!c.bos_token_id) c.bos_token_id = gf.optional_nonneg_int("bos_token_id");
+    if (!c.pad_token_id) c.pad_token_id = gf.optional_nonneg_int("pad_token_id");
+  }
+
+  (void)c.spec(KvScheme::kAny, WeightFormat::kAny);  // why_invalid, naming the file
+  std::vector<std::string> defaulted = t.defaulted();
+  if (!defaulted.empty()) {
+    std::string list;
+    for (auto const& k : defaulted) list += (list.empty() ? "" : ", ") + k;
+    QFLASH_LOG_INFO(path, ": absent fields take the transformers defaults: ", list);
+  }
+  return c;
+}
+
+}  // namespace qflash::io

@@ -30,8 +30,8 @@ constexpr std::string_view to_string(CpuIsa isa) {
 inline CpuIsa detect_cpu_isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  bool const avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+  // F16C came with every AVX2 processor; clang cannot query it by name.
+  bool const avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   bool const avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512dq");

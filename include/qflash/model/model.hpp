@@ -275,9 +275,6 @@ class Model {
     resize(z_, T * value_dim);
     resize(beta_, T * hv);
     resize(g_, T * hv);
-    resize(q_, T * key_dim);
-    resize(k_, T * key_dim);
-    resize(v_, T * value_dim);
     resize(o_, T * value_dim);
     project(w.qkv, xn_.data(), T, qg_.data());
     project(w.z, xn_.data(), T, z_.data());
@@ -305,18 +302,15 @@ class Model {
       c.d_conv = cfg_.d_conv;
       check(kernels::launch_causal_conv1d<S>(arch::Cpu{}, c), "causal_conv1d");
     }
-    for (std::int64_t t = 0; t < T; ++t) {
-      float const* src = conv_out_.data() + t * conv_dim;
-      std::copy_n(src, key_dim, q_.data() + t * key_dim);
-      std::copy_n(src + key_dim, key_dim, k_.data() + t * key_dim);
-      std::copy_n(src + 2 * key_dim, value_dim, v_.data() + t * value_dim);
-    }
     for (std::size_t i = 0; i < batch.size(); ++i) {
       std::int64_t const b = begin_[i], n = begin_[i + 1] - b;
       kernels::GatedDeltaArgs a{};
-      a.q = q_.data() + b * key_dim;
-      a.k = k_.data() + b * key_dim;
-      a.v = v_.data() + b * value_dim;
+      // q, k and v are read in place from the conv output rows [q | k | v].
+      float const* rows = conv_out_.data() + b * conv_dim;
+      a.q = rows;
+      a.k = rows + key_dim;
+      a.v = rows + 2 * key_dim;
+      a.q_stride = a.k_stride = a.v_stride = conv_dim;
       a.g = g_.data() + b * hv;
       a.beta = beta_.data() + b * hv;
       a.state = batch[i].state->linear(layer).recurrent.data();

@@ -5,7 +5,14 @@
 ///   h[r]  = x[r] + residual[r]          (written back to `residual`; skipped when residual is null)
 ///   y[r]  = h[r] * rsqrt(mean(h[r]^2) + eps) * w'    with w' = w or (1 + w) (zero-centred)
 /// Sums are accumulated in fp32; `h` is rounded to the activation dtype before it is normed,
-/// so the fused result equals add-then-norm on the stored residual.
+/// so the fused result equals add-then-norm on the stored residual. y is rounded to the
+/// activation dtype once, after the weight product (HF's Qwen3RMSNorm rounds x_hat to bf16
+/// before multiplying by w: at most one bf16 ulp apart). inv_rms = 1 / sqrt(sum/n + eps) is
+/// computed with correctly rounded ops on every target, so targets differ only in the order
+/// of the fp32 sum.
+///
+/// Implementations: ref.hpp (fp64 truth), cpu.hpp (AVX-512 / AVX2 / scalar, threaded),
+/// sm80.cuh / sm90a.cuh over device.cuh (instantiated in generated TUs), policy.hpp.
 #pragma once
 
 #include <cstdint>

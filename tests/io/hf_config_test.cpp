@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/temp_dir.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/core/log.hpp"
 #include "qflash/io/checkpoint.hpp"
@@ -28,27 +29,7 @@ using nlohmann::json;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("qflash_cfg_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(TempDir const&) = delete;
-  TempDir& operator=(TempDir const&) = delete;
-  [[nodiscard]] std::string dir() const { return path.string(); }
-  [[nodiscard]] std::string file(std::string const& name) const { return (path / name).string(); }
-  void write(std::string const& name, std::string const& text) const {
-    std::ofstream(path / name) << text;
-  }
-};
+using qflash::test::TempDir;
 
 template <class F>
 void expect_error(F&& f, std::initializer_list<std::string> parts) {

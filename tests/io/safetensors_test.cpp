@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/temp_dir.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/io/checkpoint.hpp"
 #include "qflash/io/progress.hpp"
@@ -31,24 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// A fresh directory under the system temp dir, removed with its contents at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("qflash_io_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(TempDir const&) = delete;
-  TempDir& operator=(TempDir const&) = delete;
-  [[nodiscard]] std::string file(std::string const& name) const { return (path / name).string(); }
-};
+using qflash::test::TempDir;
 
 std::vector<std::byte> to_bytes(void const* p, std::size_t n) {
   std::vector<std::byte> out(n);

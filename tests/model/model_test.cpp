@@ -13,6 +13,7 @@
 
 #include "qflash/io/safetensors.hpp"
 #include "qflash/model/model.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace qflash;
 namespace fs = std::filesystem;
@@ -209,11 +210,9 @@ TEST_CASE("a ragged batch equals each sequence run alone") {
 
 TEST_CASE("load and input errors are clear") {
   Fixture fx("qwen3_5_moe_tiny");
-  auto const tmp = fs::temp_directory_path() / "qflash_model_test_config_only";
-  fs::create_directories(tmp);
-  fs::copy_file(fx.dir + "/config.json", tmp / "config.json", fs::copy_options::overwrite_existing);
-  CHECK_THROWS_WITH_AS(model::Model<>::load(tmp.string(), opts()), doctest::Contains("no weights"), Error);
-  fs::remove_all(tmp);
+  test::TempDir const tmp;
+  fs::copy_file(fx.dir + "/config.json", tmp.path / "config.json");
+  CHECK_THROWS_WITH_AS(model::Model<>::load(tmp.dir(), opts()), doctest::Contains("no weights"), Error);
 
   // A compiled spec that does not fit the checkpoint is refused, naming both.
   CHECK_THROWS_WITH_AS(model::Model<spec::qwen3_6_35b_a3b>::load(fx.dir, opts()),

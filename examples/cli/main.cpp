@@ -22,6 +22,7 @@
 #include "qflash/model/model.hpp"
 #include "qflash/runtime/dispatch.hpp"
 #include "qflash/runtime/generate.hpp"
+#include "qflash/runtime/perplexity.hpp"
 
 namespace {
 
@@ -202,31 +203,14 @@ int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int con
   with_model(o, [&](auto& m) {
     auto tok = io::Tokenizer::from_file(o.model_dir + "/tokenizer.json");
     auto ids = tok.encode(text);
-    QFLASH_CHECK(ids.size() >= 2, text_path, ": needs at least 2 tokens, has ", ids.size());
     int const ctx = context > 0 ? context : std::min(m.config().max_position_embeddings, 512);
-    QFLASH_CHECK(ctx >= 2, "--context must be >= 2");
-    double nll = 0;
-    std::int64_t n = 0;
-    std::vector<float> logits;
-    std::int64_t const vocab = m.config().vocab;
-    for (std::size_t begin = 0; begin + 1 < ids.size(); begin += static_cast<std::size_t>(ctx)) {
-      std::size_t const len = std::min<std::size_t>(static_cast<std::size_t>(ctx), ids.size() - begin);
-      if (len < 2) break;
-      auto state = m.new_sequence();
-      model::SequenceChunk c{std::span(ids).subspan(begin, len), &state};
-      m.forward(std::span(&c, 1), model::LogitsFor::kAllTokens, logits);
-      for (std::size_t t = 0; t + 1 < len; ++t) {
-        float const* l = logits.data() + static_cast<std::int64_t>(t) * vocab;
-        double mx = *std::max_element(l, l + vocab), sum = 0;
-        for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(l[i] - mx);
-        nll += std::log(sum) + mx - l[ids[begin + t + 1]];
-        ++n;
-      }
-      std::fprintf(stderr, "\rperplexity: %zu/%zu tokens", begin + len, ids.size());
-    }
-    std::fprintf(stderr, "\n");
-    std::printf("perplexity %.4f over %lld predicted tokens (windows of %d)\n", std::exp(nll / static_cast<double>(n)),
-                static_cast<long long>(n), ctx);
+    bool const tty = ::isatty(2) != 0;
+    auto r = runtime::perplexity(m, ids, ctx, [tty](std::size_t done, std::size_t total) {
+      if (tty) std::fprintf(stderr, "\rperplexity: %zu/%zu tokens", done, total);
+    });
+    if (tty) std::fprintf(stderr, "\n");
+    std::printf("perplexity %.4f over %lld predicted tokens (%lld windows of %d)\n", r.perplexity,
+                static_cast<long long>(r.n_predicted), static_cast<long long>(r.n_windows), ctx);
   });
   return 0;
 }

@@ -51,6 +51,12 @@ case $case in
     [[ $(stat -c %s "$tmp/l.npy") == $((128 + 10 * 256 * 4)) ]] || fail "unexpected .npy size"
     head -c 128 "$tmp/l.npy" | grep -q "'shape': (10, 256)" || fail "wrong shape in header"
     ;;
+  perplexity)
+    printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..10} >"$tmp/text.txt"
+    run perplexity --model "$tiny" --text "$tmp/text.txt" --context 64
+    expect_rc 0
+    expect_out "^perplexity [0-9.]+ over 442 predicted tokens \(8 windows of 64\)"
+    ;;
   bad_ids)
     run logits --model "$tiny" --prompt-ids 1,x,3 --output "$tmp/l.npy"
     expect_rc 1

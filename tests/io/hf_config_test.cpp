@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/expect_error.hpp"
 #include "support/temp_dir.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/core/log.hpp"
@@ -31,22 +32,7 @@ namespace {
 
 using qflash::test::TempDir;
 
-template <class F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-  } catch (Error const& e) {
-    std::string const msg = e.what();
-    for (auto const& p : parts) {
-      INFO("message: ", msg);
-      CHECK_MESSAGE(msg.find(p) != std::string::npos, "message lacks '", p, "'");
-    }
-    return;
-  } catch (std::exception const& e) {
-    FAIL("threw a non-qflash exception: ", e.what());
-  }
-  FAIL("no Error thrown (expected one mentioning '", *parts.begin(), "')");
-}
+using qflash::test::expect_error;
 
 /// Qwen3.6-35B-A3B config.json as published (MODELS.md §1): nested text_config.
 json qwen3_6_config() {

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/expect_error.hpp"
 #include "support/temp_dir.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/io/checkpoint.hpp"
@@ -109,23 +110,7 @@ Entry f32_entry(std::string name, std::vector<std::int64_t> shape, float base = 
   return {std::move(name), "F32", std::move(shape), to_bytes(v)};
 }
 
-/// Runs `f`, which must throw qflash::Error whose message contains every part.
-template <class F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-  } catch (Error const& e) {
-    std::string const msg = e.what();
-    for (auto const& p : parts) {
-      INFO("message: ", msg);
-      CHECK_MESSAGE(msg.find(p) != std::string::npos, "message lacks '", p, "'");
-    }
-    return;
-  } catch (std::exception const& e) {
-    FAIL("threw a non-qflash exception: ", e.what());
-  }
-  FAIL("no Error thrown (expected one mentioning '", *parts.begin(), "')");
-}
+using qflash::test::expect_error;
 
 }  // namespace
 

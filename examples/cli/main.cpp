@@ -163,6 +163,7 @@ int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::Generate
       std::fflush(stdout);
     });
     std::fputs("\n", stdout);
+    std::fflush(stdout);
     double const pf = res.prefill_seconds > 0 ? static_cast<double>(res.n_prompt) / res.prefill_seconds : 0;
     // The first generated token comes from the prefill; the rest from decode steps.
     double const n_decode = res.tokens.size() > 1 ? static_cast<double>(res.tokens.size() - 1) : 0;

@@ -26,6 +26,8 @@
 #include "qflash/io/checkpoint.hpp"
 #include "qflash/io/progress.hpp"
 #include "qflash/io/safetensors.hpp"
+#include "qflash/numeric/bf16.hpp"
+#include "qflash/numeric/fp16.hpp"
 
 using namespace qflash;
 using namespace qflash::io;
@@ -199,7 +201,7 @@ TEST_CASE("safetensors round trip: every dtype, metadata, zero-copy spans") {
 }
 
 TEST_CASE("f16 and bf16 conversion is exact") {
-  using io::detail::f16_bits_to_f32;
+  auto f16_bits_to_f32 = [](std::uint16_t h) { return to_float(Fp16{h}); };
   CHECK(f16_bits_to_f32(0x0000) == 0.0f);
   CHECK(std::signbit(f16_bits_to_f32(0x8000)));
   CHECK(f16_bits_to_f32(0x3C00) == 1.0f);
@@ -211,9 +213,9 @@ TEST_CASE("f16 and bf16 conversion is exact") {
   CHECK(std::isinf(f16_bits_to_f32(0x7C00)));
   CHECK(f16_bits_to_f32(0xFC00) < 0);
   CHECK(std::isnan(f16_bits_to_f32(0x7E00)));
-  CHECK(io::detail::bf16_bits_to_f32(0x3F80) == 1.0f);
-  CHECK(io::detail::bf16_bits_to_f32(0xC0A0) == -5.0f);
-  CHECK(std::isnan(io::detail::bf16_bits_to_f32(0x7FC0)));
+  CHECK(to_float(Bf16{0x3F80}) == 1.0f);
+  CHECK(to_float(Bf16{0xC0A0}) == -5.0f);
+  CHECK(std::isnan(to_float(Bf16{0x7FC0})));
 }
 
 TEST_CASE("converting reads reject other dtypes, wrong sizes and bad indices") {

@@ -32,6 +32,8 @@
 #include "qflash/core/mapped_file.hpp"
 #include "qflash/core/tensor_view.hpp"
 #include "qflash/io/json.hpp"
+#include "qflash/numeric/bf16.hpp"
+#include "qflash/numeric/fp16.hpp"
 
 namespace qflash::io {
 
@@ -300,33 +302,6 @@ class SafetensorsFile {
 
 namespace detail {
 
-inline float bf16_bits_to_f32(std::uint16_t h) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
-}
-
-/// IEEE binary16 to binary32, exact for every input (subnormals, inf, NaN payload kept).
-inline float f16_bits_to_f32(std::uint16_t h) {
-  std::uint32_t const sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t mant = h & 0x3ffu;
-  std::uint32_t bits = 0;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    int e = -1;
-    do {
-      ++e;
-      mant <<= 1;
-    } while ((mant & 0x400u) == 0);
-    bits = sign | ((112u - static_cast<std::uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
 inline void check_float_source(TensorRecord const& t, char const* what) {
   QFLASH_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kF16 || t.dtype == DType::kBF16,
                record_file(t), ": tensor '", t.name, "': ", what, " cannot convert ",
@@ -345,7 +320,7 @@ inline float load_as_f32(std::byte const* p, DType t) {
   }
   std::uint16_t h;
   std::memcpy(&h, p, 2);
-  return t == DType::kBF16 ? bf16_bits_to_f32(h) : f16_bits_to_f32(h);
+  return t == DType::kBF16 ? to_float(Bf16{h}) : to_float(Fp16{h});
 }
 
 }  // namespace detail

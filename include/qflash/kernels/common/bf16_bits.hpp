@@ -1,7 +1,8 @@
 /// @file
-/// Scalar bf16 <-> fp32 on raw bits, for host kernels and references. A stand-in until
-/// `numeric/bf16.hpp` provides the bf16 type; kernels store bf16 as `std::uint16_t` (the
-/// upper half of an IEEE binary32), so swapping in that type later touches only these helpers.
+/// Scalar bf16 <-> fp32 on raw bits, for host kernels and references. Kept apart from
+/// `numeric/bf16.hpp` for one reason: a NaN keeps its sign and payload here, as the kernels'
+/// SIMD conversions (cpu_simd.hpp) do, where numeric's `to_bf16` returns CUDA's 0x7FFF.
+/// Non-NaN results are identical.
 #pragma once
 
 #include <bit>

@@ -2,10 +2,10 @@
 /// Scalar reference for kernels/linear: fp64 accumulation, the truth in tests.
 #pragma once
 
-#include <bit>
 #include <cstdint>
 #include <cstring>
 
+#include "qflash/kernels/common/bf16_bits.hpp"
 #include "qflash/kernels/linear/op.hpp"
 
 namespace qflash::kernels::ref {
@@ -14,9 +14,9 @@ namespace qflash::kernels::ref {
 inline float weight_at(WeightView const& w, std::int64_t r, std::int64_t c) {
   std::size_t const i = static_cast<std::size_t>(r * w.cols + c);
   if (w.dtype == DType::kBF16) {
-    std::uint16_t bits;
+    bf16_bits bits;
     std::memcpy(&bits, static_cast<std::byte const*>(w.data) + 2 * i, 2);
-    return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+    return bf16_to_float(bits);
   }
   return static_cast<float const*>(w.data)[i];
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,10 +20,10 @@
 #include "qflash/io/hf_config.hpp"
 #include "qflash/io/npy.hpp"
 #include "qflash/io/tokenizer.hpp"
-#include "qflash/model/model.hpp"
-#include "qflash/runtime/dispatch.hpp"
 #include "qflash/runtime/generate.hpp"
+#include "qflash/runtime/load_model.hpp"
 #include "qflash/runtime/perplexity.hpp"
+#include "qflash/runtime/weight_plan.hpp"
 
 namespace {
 
@@ -30,7 +31,7 @@ using namespace qflash;
 
 struct CommonOptions {
   std::string model_dir = QFLASH_DEFAULT_MODEL_DIR;
-  std::string weights = "f32";
+  std::string weights = "auto";
   int threads = 0;
   bool no_verify = false;
 };
@@ -38,21 +39,26 @@ struct CommonOptions {
 void add_common(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("-m,--model", o.model_dir, "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
       ->capture_default_str();
-  cmd->add_option("--weights", o.weights, "weight dtype in memory: f32 or bf16 (converted on load)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+  std::vector<std::string> schemes;
+  for (auto const& [k, name] : runtime::kWeightSchemes) schemes.emplace_back(name);
+  cmd->add_option("--weights", o.weights,
+                  "weight format in memory: auto (as stored), f32, bf16, fp8 (e4m3, 128x128 scales), q8_0, q4_k, "
+                  "q6_k, q4_k_m (q4_k with q6_k for output projections, shared expert, embeddings, lm_head), "
+                  "int4 (group 128); converted at load, router gates keep the checkpoint's precision")
+      ->check(CLI::IsMember(schemes))
       ->capture_default_str();
   cmd->add_option("-t,--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--no-verify", o.no_verify, "skip checking the files against the model's SHA256SUMS");
 }
 
-model::ModelOptions model_options(CommonOptions const& o) {
+runtime::LoadOptions load_options(CommonOptions const& o) {
 #if defined(_OPENMP)
   if (o.threads > 0) omp_set_num_threads(o.threads);
 #endif
   QFLASH_CHECK(std::filesystem::is_directory(o.model_dir), "model directory '", o.model_dir, "' does not exist",
                o.model_dir == QFLASH_DEFAULT_MODEL_DIR ? " (the embedded default model is missing: pass --model DIR)" : "");
-  model::ModelOptions m;
-  m.weight_dtype = o.weights == "bf16" ? DType::kBF16 : DType::kF32;
+  runtime::LoadOptions m;
+  m.weights = runtime::parse_weight_scheme(o.weights);
   m.verify_checksums = !o.no_verify;
   return m;
 }
@@ -60,16 +66,8 @@ model::ModelOptions model_options(CommonOptions const& o) {
 /// Loads the model as the compiled spec that fits it and calls fn(model).
 template <class Fn>
 void with_model(CommonOptions const& o, Fn&& fn) {
-  auto opts = model_options(o);
-  auto cfg = io::load_config(o.model_dir);
-  MoeSpec const rt = cfg.spec(KvScheme::kBf16, opts.weight_dtype == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBf16);
-  Status const s = runtime::dispatch_spec(rt, [&](auto spec) {
-    auto m = model::Model<decltype(spec)::value>::load(o.model_dir, opts);
-    fn(*m);
-    return Status::kSuccess;
-  });
-  QFLASH_CHECK(s == Status::kSuccess, o.model_dir, ": no compiled instance runs this model (",
-               to_string(s), "); compiled specs: ", runtime::compiled_spec_names());
+  auto opts = load_options(o);
+  runtime::with_model(runtime::load_model(o.model_dir, opts), opts.model, fn);
 }
 
 std::vector<std::int32_t> parse_ids(std::string const& text) {
@@ -116,8 +114,20 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-int cmd_inspect(CommonOptions const& o) {
+/// Matrix bytes per format: one line each, then the total.
+void print_weight_bytes(char const* label, std::map<WeightFormat, std::int64_t> const& bytes, std::int64_t extra) {
+  std::int64_t total = extra;
+  std::string parts;
+  for (auto const& [f, b] : bytes) {
+    total += b;
+    parts += (parts.empty() ? "" : ", ") + std::string(to_string(f)) + " " + human_bytes(static_cast<double>(b));
+  }
+  std::printf("%-18s%s total (%s)\n", label, human_bytes(static_cast<double>(total)).c_str(), parts.c_str());
+}
+
+int cmd_inspect(CommonOptions const& o, bool verbose) {
   auto cfg = io::load_config(o.model_dir);
+  auto const scheme = runtime::parse_weight_scheme(o.weights);
   std::string pattern;
   int n_full = 0;
   for (auto k : cfg.layer_types) {
@@ -145,7 +155,24 @@ int cmd_inspect(CommonOptions const& o) {
   if (cfg.n_head_k_linear > 0)
     std::printf("deltanet state    %s per sequence in f32\n",
                 human_bytes(static_cast<double>(cfg.linear_state_bytes_per_sequence(DType::kF32, DType::kF32))).c_str());
-  std::printf("spec              %s\n", to_string(cfg.spec(KvScheme::kBf16, WeightFormat::kBf16)).c_str());
+  // As stored: a config alone says its dtype (f32 when absent, as PyTorch's default).
+  WeightFormat const stored = cfg.dtype == DType::kBF16 ? WeightFormat::kBf16
+                              : cfg.dtype == DType::kF16 ? WeightFormat::kF16
+                                                         : WeightFormat::kF32;
+  auto const plan = runtime::plan_weights(cfg, scheme, stored);
+  std::string const label = "resident (" + std::string(runtime::to_string(scheme)) + ")";
+  print_weight_bytes(label.c_str(), plan.bytes, plan.vector_bytes);
+  if (verbose && io::Checkpoint::open(o.model_dir).has_weights()) {
+    auto opts = load_options(o);
+    opts.progress = false;
+    auto m = runtime::load_model(o.model_dir, opts);
+    m.weights.for_each_matrix([](std::string const& name, WeightView const& v) {
+      std::printf("  %-40s %-9s [%lld, %lld] %s\n", name.c_str(), std::string(to_string(v.format)).c_str(),
+                  static_cast<long long>(v.rows), static_cast<long long>(v.cols), human_bytes(static_cast<double>(v.bytes())).c_str());
+    });
+    print_weight_bytes("bound", m.bytes_per_format(), 0);
+  }
+  std::printf("spec              %s\n", to_string(cfg.spec(KvScheme::kBf16, WeightFormat::kAny)).c_str());
   return 0;
 }
 
@@ -273,7 +300,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*run) return cmd_run(common, prompt, gen);
-    if (*inspect) return cmd_inspect(common);
+    if (*inspect) return cmd_inspect(common, verbose);
     if (*logits) return cmd_logits(common, ids_text, output, incremental);
     if (*ppl) return cmd_perplexity(common, text_path, context);
   } catch (std::exception const& e) {

@@ -40,6 +40,13 @@ using qflash::test::Tolerance;
 
 namespace {
 
+template <MoeSpec S>
+Status launch_form(GatedDeltaArgs a, DeltaRuleForm form, int chunk = 64) {
+  a.form = form;
+  a.chunk_size = chunk;
+  return kernels::launch_gated_delta<S>(arch::Cpu{}, a);
+}
+
 constexpr Tolerance kDeltaTol{5e-6, 5e-5};
 
 /// kAvx512Bf16 runs the AVX-512 code, so it is not a separate path.
@@ -304,9 +311,9 @@ TEST_CASE("gated_delta: q, k, v read with token strides straight from a conv out
     a.k = packed.data() + qk_row;
     a.v = packed.data() + 2 * qk_row;
     a.q_stride = a.k_stride = a.v_stride = row;
-    REQUIRE(kernels::launch_gated_delta<spec::generic>(arch::Cpu{}, a, form) == Status::kSuccess);
+    REQUIRE(launch_form<spec::generic>(a, form) == Status::kSuccess);
     Problem d = dense;
-    REQUIRE(kernels::launch_gated_delta<spec::generic>(arch::Cpu{}, d.args(), form) == Status::kSuccess);
+    REQUIRE(launch_form<spec::generic>(d.args(), form) == Status::kSuccess);
     CHECK(strided.out == d.out);
     CHECK(strided.state == d.state);
     check_close(strided, want);
@@ -324,7 +331,7 @@ TEST_CASE("gated_delta: q, k, v read with token strides straight from a conv out
 TEST_CASE("gated_delta: can_implement rejects bad arguments; static specs check dims") {
   Problem p(Shape{4, 2, 4, 16, 8}, 3);
   auto launch = [](GatedDeltaArgs const& a, DeltaRuleForm f = DeltaRuleForm::kChunked, int chunk = 64) {
-    return kernels::launch_gated_delta<spec::generic>(arch::Cpu{}, a, f, chunk);
+    return launch_form<spec::generic>(a, f, chunk);
   };
   CHECK(launch(p.args()) == Status::kSuccess);
   GatedDeltaArgs a = p.args();
@@ -353,13 +360,13 @@ TEST_CASE("gated_delta: can_implement rejects bad arguments; static specs check 
   CHECK(launch(p.args(), DeltaRuleForm::kRecurrent, 0) == Status::kSuccess);  // chunk unused
   // qwen3_6_35b_a3b fixes (16, 32, 128, 128).
   auto launch_q36 = [](GatedDeltaArgs const& x) {
-    return kernels::launch_gated_delta<spec::qwen3_6_35b_a3b>(arch::Cpu{}, x, DeltaRuleForm::kRecurrent);
+    return launch_form<spec::qwen3_6_35b_a3b>(x, DeltaRuleForm::kRecurrent);
   };
   CHECK(launch_q36(p.args()) == Status::kErrorInvalidProblem);
   Problem q36(Shape{2, 16, 32, 128, 128}, 4);
   Problem q36_generic = q36;
   REQUIRE(launch_q36(q36.args()) == Status::kSuccess);
-  REQUIRE(kernels::launch_gated_delta<spec::generic>(arch::Cpu{}, q36_generic.args(),
+  REQUIRE(launch_form<spec::generic>(q36_generic.args(),
                                                      DeltaRuleForm::kRecurrent) == Status::kSuccess);
   CHECK(q36.out == q36_generic.out);
 }

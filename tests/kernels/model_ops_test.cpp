@@ -19,6 +19,7 @@
 #include "qflash/kernels/router_topk/cpu.hpp"
 #include "qflash/kernels/router_topk/ref.hpp"
 #include "qflash/numeric/bf16.hpp"
+#include "qflash/numeric/weight_encode.hpp"
 #include "qflash/spec/presets.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
@@ -34,12 +35,6 @@ namespace {
 // accumulated rounding is a few 1e-7 relative to the sum of |terms|, so 2e-5 absolute.
 constexpr Tolerance kDot{2e-5, 1e-5};
 
-std::vector<std::uint16_t> to_bf16_bits(std::vector<float> const& v) {
-  std::vector<std::uint16_t> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]).bits;
-  return out;
-}
-
 std::vector<arch::CpuIsa> isas_here() {
   std::vector<arch::CpuIsa> out{arch::CpuIsa::kScalar};
   for (auto isa : {arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512})
@@ -49,20 +44,25 @@ std::vector<arch::CpuIsa> isas_here() {
 
 }  // namespace
 
-TEST_CASE("linear: every ISA path equals the reference") {
+TEST_CASE("linear: every ISA path and weight format equals the reference") {
+  // Shapes: odd sizes for the element formats, whole 32/256-blocks for the GGUF ones, a
+  // short last int4 group, fp8 tiles cut by the matrix edge.
+  std::vector<std::array<int, 3>> const shapes{{1, 1, 1},    {1, 31, 7},   {3, 71, 33},  {5, 129, 64},
+                                               {9, 256, 17}, {2, 512, 5},  {4, 96, 130}, {1, 768, 3}};
   for (auto isa : isas_here())
-    for (DType wt : {DType::kF32, DType::kBF16})
-      for (auto [n_tok, n_in, n_out] : std::vector<std::array<int, 3>>{{1, 1, 1}, {1, 31, 7}, {3, 71, 33}, {5, 129, 64}, {9, 256, 17}}) {
+    for (WeightFormat f : kAllWeightFormats)
+      for (auto [n_tok, n_in, n_out] : shapes) {
+        if (!row_fits(f, n_in)) continue;
         CAPTURE(to_string(isa));
-        CAPTURE(to_string(wt));
+        CAPTURE(to_string(f));
         CAPTURE(n_tok);
         CAPTURE(n_in);
         CAPTURE(n_out);
         auto x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 1);
         auto wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 2);
-        auto wb = to_bf16_bits(wf);
+        auto w = encode_matrix(f, wf.data(), n_out, n_in);
         LinearArgs a{};
-        a.w = {wt, wt == DType::kF32 ? static_cast<void const*>(wf.data()) : wb.data(), n_out, n_in};
+        a.w = w.view;
         a.x = x.data();
         a.n_tokens = n_tok;
         std::vector<float> y(static_cast<std::size_t>(n_tok * n_out), 0.5f), ref(y);
@@ -81,10 +81,29 @@ TEST_CASE("linear: every ISA path equals the reference") {
       }
 }
 
+TEST_CASE("linear: the reference's decoded rows are the format's dequantization") {
+  // What the format round trip loses is bounded (numeric tests bound each format); here the
+  // decoded matrix must stay near the fp32 one, so a wrong row or block offset shows.
+  int const rows = 7, cols = 512;
+  auto wf = test::random_floats(static_cast<std::size_t>(rows * cols), 4);
+  for (WeightFormat f : kAllWeightFormats) {
+    CAPTURE(to_string(f));
+    auto w = encode_matrix(f, wf.data(), rows, cols);
+    std::vector<float> row(static_cast<std::size_t>(cols));
+    double worst = 0;
+    for (int r = 0; r < rows; ++r) {
+      dequantize_row(w.view, r, row.data());
+      for (int i = 0; i < cols; ++i) worst = std::max(worst, std::fabs(double{row[static_cast<std::size_t>(i)]} - wf[static_cast<std::size_t>(r * cols + i)]));
+    }
+    // int4 over [-1, 1] has a step of 2/15: the coarsest format here.
+    CHECK(worst <= 0.07);
+  }
+}
+
 TEST_CASE("linear: strided rows and argument checks") {
   std::vector<float> x(2 * 10, 1.0f), w(3 * 8, 0.25f), y(2 * 5, -1.0f);
   LinearArgs a{};
-  a.w = {DType::kF32, w.data(), 3, 8};
+  a.w = {WeightFormat::kF32, w.data(), 3, 8};
   a.x = x.data();
   a.x_stride = 10;
   a.y = y.data();
@@ -98,8 +117,14 @@ TEST_CASE("linear: strided rows and argument checks") {
   a.x_stride = 4;
   CHECK(launch_linear<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
   a.x_stride = 0;
-  a.w.dtype = DType::kFp8E4m3;
-  CHECK(launch_linear<spec::generic>(arch::Cpu{}, a) == Status::kErrorNotSupported);
+  a.w.format = WeightFormat::kQ8_0;  // 8 columns is not a whole q8_0 block
+  CHECK(launch_linear<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+  a.w.format = WeightFormat::kFp8E4m3;  // no scales
+  CHECK(launch_linear<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+  // An instance compiled for one format refuses the others.
+  a.w.format = WeightFormat::kF32;
+  constexpr MoeSpec bf16_only{.weights = WeightFormat::kBf16};
+  CHECK(cpu::linear<bf16_only.weights>(arch::cpu_isa(), a) == Status::kErrorNotSupported);
 }
 
 TEST_CASE("rope: fp32-angle kernel equals the fp64 reference, partial and full") {
@@ -203,27 +228,33 @@ TEST_CASE("router_topk: same expert sets and weights as the reference; weights s
   std::vector<float> l(8);
   std::vector<std::int32_t> e(2);
   std::vector<float> w(2);
-  RouterTopkArgs a{l.data(), e.data(), w.data(), 1, 8, 2, true};
+  RouterTopkArgs a{};
+  a.logits = l.data();
+  a.experts = e.data();
+  a.weights = w.data();
+  a.n_tokens = 1;
+  a.n_expert = 8;
+  a.n_expert_used = 2;
   CHECK(launch_router_topk<spec::qwen3_6_35b_a3b>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
 }
 
-TEST_CASE("expert_ffn: grouped experts equal the per-pair reference") {
-  int const n_expert = 5, d_model = 24, d_ff = 13, k = 2;
-  for (DType wt : {DType::kF32, DType::kBF16})
+TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every weight format") {
+  int const n_expert = 5, k = 2;
+  for (WeightFormat f : kAllWeightFormats)
     for (int n_tok : {1, 4, 11}) {
+      // GGUF blocks need whole blocks along both the d_model and d_ff rows.
+      bool const k_blocks = f == WeightFormat::kQ4K || f == WeightFormat::kQ6K;
+      int const d_model = k_blocks ? 256 : f == WeightFormat::kQ8_0 ? 64 : 24;
+      int const d_ff = k_blocks ? 256 : f == WeightFormat::kQ8_0 ? 32 : 13;
       CAPTURE(n_tok);
-      CAPTURE(to_string(wt));
-      std::vector<std::vector<float>> store;
-      std::vector<std::vector<std::uint16_t>> store_bf16;
+      CAPTURE(to_string(f));
+      std::vector<OwnedMatrix> store;
       std::vector<ExpertWeights> experts;
       auto make = [&](std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-        store.push_back(test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f));
-        store_bf16.push_back(to_bf16_bits(store.back()));
-        void const* p = wt == DType::kF32 ? static_cast<void const*>(store.back().data()) : store_bf16.back().data();
-        return WeightView{wt, p, rows, cols};
+        auto w = test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
+        return store.emplace_back(encode_matrix(f, w.data(), rows, cols)).view;
       };
       store.reserve(3 * n_expert);
-      store_bf16.reserve(3 * n_expert);
       for (int e = 0; e < n_expert; ++e)
         experts.push_back({make(d_ff, d_model, 100 + 3 * e), make(d_ff, d_model, 101 + 3 * e), make(d_model, d_ff, 102 + 3 * e)});
       auto x = test::random_floats(static_cast<std::size_t>(n_tok * d_model), 3);
@@ -247,7 +278,7 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference") {
       ref::expert_ffn(a);
       a.out = out.data();
       REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
-      auto r = all_close<float, float>(out, ref_out, kDot);
+      auto r = all_close<float, float>(out, ref_out, Tolerance{5e-5, 1e-5});
       CHECK_MESSAGE(r.ok, r.report);
       routes[0] = n_expert;
       CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "qflash/io/checksums.hpp"
-#include "qflash/model/model.hpp"
+#include "qflash/runtime/load_model.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace qflash;
@@ -49,13 +49,13 @@ TEST_CASE("Model::load verifies SHA256SUMS unless told not to") {
   std::string const good = io::sha256_hex((dir / "model.safetensors").string());
   std::string bad = good;
   bad[0] = bad[0] == '0' ? '1' : '0';
-  model::ModelOptions o;
+  runtime::LoadOptions o;
   o.progress = false;
 
   tmp.write("SHA256SUMS", good + "  model.safetensors\n");
-  CHECK_NOTHROW(model::Model<>::load(dir.string(), o));
+  CHECK_NOTHROW(runtime::load_model_as<spec::generic>(dir.string(), o));
   tmp.write("SHA256SUMS", bad + "  model.safetensors\n");
-  CHECK_THROWS_WITH_AS(model::Model<>::load(dir.string(), o), doctest::Contains("model.safetensors: SHA-256 mismatch"), Error);
+  CHECK_THROWS_WITH_AS(runtime::load_model_as<spec::generic>(dir.string(), o), doctest::Contains("model.safetensors: SHA-256 mismatch"), Error);
   o.verify_checksums = false;
-  CHECK_NOTHROW(model::Model<>::load(dir.string(), o));
+  CHECK_NOTHROW(runtime::load_model_as<spec::generic>(dir.string(), o));
 }

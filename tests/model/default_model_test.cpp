@@ -13,7 +13,7 @@
 
 #include "qflash/io/safetensors.hpp"
 #include "qflash/io/tokenizer.hpp"
-#include "qflash/model/model.hpp"
+#include "qflash/runtime/load_model.hpp"
 #include "qflash/runtime/generate.hpp"
 #include "qflash/runtime/perplexity.hpp"
 
@@ -25,10 +25,10 @@ std::string const kDir = std::string(QFLASH_SOURCE_DIR) + "/models/qwen3_5_moe-m
 
 nlohmann::json reference() { return nlohmann::json::parse(std::ifstream(kDir + "/reference.json")); }
 
-std::unique_ptr<model::Model<>> load() {
-  model::ModelOptions o;
+std::unique_ptr<model::Model<spec::generic>> load() {
+  runtime::LoadOptions o;
   o.progress = false;  // SHA256SUMS is verified (the default)
-  return model::Model<>::load(kDir, o);
+  return runtime::load_model_as<spec::generic>(kDir, o);
 }
 
 }  // namespace

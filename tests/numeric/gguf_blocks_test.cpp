@@ -248,3 +248,204 @@ TEST_CASE("q4_k: quantize -> dequantize stays within half a sub-block step") {
     check_block(c.data(), quantize_q4_k(c.data()));
   }
 }
+
+namespace {
+
+/// Packs 256 codes (0..63, i.e. q + 32) as ggml's quantize_row_q6_K_ref does, independently of
+/// the header's own packing.
+void q6_k_pack_like_ggml(int const* codes, std::uint8_t* ql, std::uint8_t* qh) {
+  for (int j = 0; j < 256; j += 128) {
+    for (int l = 0; l < 32; ++l) {
+      int const* L = codes + j;
+      ql[l] = static_cast<std::uint8_t>((L[l] & 0xF) | (L[l + 64] & 0xF) << 4);
+      ql[l + 32] = static_cast<std::uint8_t>((L[l + 32] & 0xF) | (L[l + 96] & 0xF) << 4);
+      qh[l] = static_cast<std::uint8_t>(L[l] >> 4 | (L[l + 32] >> 4) << 2 |
+                                        (L[l + 64] >> 4) << 4 | (L[l + 96] >> 4) << 6);
+    }
+    ql += 64;
+    qh += 32;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("q6_k: a hand-built block dequantizes to (d*sc)*q in ggml's value order") {
+  // Offsets: ql 0..127, qh 128..191, scales 192..207, d 208..209. All other code bits are 0,
+  // i.e. q = -32.
+  std::uint8_t bytes[210] = {};
+  bytes[208] = 0x00;  // d = 0.25 = fp16 0x3400, last
+  bytes[209] = 0x34;
+  std::int8_t const sc[16] = {2, -3, 5, 7, -1, 11, 13, 1, 127, -128, 4, 6, -5, 9, 10, 3};
+  for (int j = 0; j < 16; ++j) bytes[192 + j] = static_cast<std::uint8_t>(sc[j]);
+  // Half 0, l = 0: values 0, 32, 64, 96.
+  bytes[0] = 0x5A;         // ql[0]:  value 0 low bits 0xA, value 64 low bits 0x5
+  bytes[32] = 0xC3;        // ql[32]: value 32 low bits 0x3, value 96 low bits 0xC
+  bytes[128 + 0] = 0xE4;   // qh[0] = 11 10 01 00: high bits 0, 1, 2, 3 for values 0, 32, 64, 96
+  // Half 1, l = 17 (the second sub-block of each quarter): values 145, 177, 209, 241.
+  bytes[64 + 17] = 0xF0;   // ql[81]:  value 145 low 0x0, value 209 low 0xF
+  bytes[96 + 17] = 0x0F;   // ql[113]: value 177 low 0xF, value 241 low 0x0
+  bytes[128 + 49] = 0x1B;  // qh[49] = 00 01 10 11: high bits 3, 2, 1, 0
+  auto const b = from_bytes<BlockQ6K>(bytes);
+  CHECK(to_float(b.d) == 0.25f);
+  float y[256];
+  dequantize_q6_k(b, y);
+
+  //        code = low | high << 4;  q = code - 32;  y = 0.25 * sc[i / 16] * q
+  CHECK(q6_k_code(b, 0) == -22);    // 10 | 0 << 4 = 10
+  CHECK(y[0] == -11.0f);            // sc[0] = 2
+  CHECK(q6_k_code(b, 32) == -13);   // 3 | 1 << 4 = 19
+  CHECK(y[32] == -16.25f);          // sc[2] = 5
+  CHECK(q6_k_code(b, 64) == 5);     // 5 | 2 << 4 = 37
+  CHECK(y[64] == -1.25f);           // sc[4] = -1
+  CHECK(q6_k_code(b, 96) == 28);    // 12 | 3 << 4 = 60
+  CHECK(y[96] == 91.0f);            // sc[6] = 13
+  CHECK(q6_k_code(b, 145) == 16);   // 0 | 3 << 4 = 48
+  CHECK(y[145] == -512.0f);         // sc[9] = -128
+  CHECK(q6_k_code(b, 177) == 15);   // 15 | 2 << 4 = 47
+  CHECK(y[177] == 22.5f);           // sc[11] = 6
+  CHECK(q6_k_code(b, 209) == -1);   // 15 | 1 << 4 = 31
+  CHECK(y[209] == -2.25f);          // sc[13] = 9
+  CHECK(q6_k_code(b, 241) == -32);  // 0 | 0 << 4 = 0
+  CHECK(y[241] == -24.0f);          // sc[15] = 3
+  for (int i : {1, 31, 33, 65, 97, 128, 144, 146, 178, 210, 242, 255}) {
+    CAPTURE(i);
+    CHECK(q6_k_code(b, i) == -32);
+    CHECK(y[i] == 0.25f * sc[i / 16] * -32.0f);
+  }
+}
+
+TEST_CASE("q6_k: every code in every position decodes as ggml packs it") {
+  std::int8_t const sc[16] = {1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12, 13, 127, -128, 64};
+  for (int shift = 0; shift < 64; shift += 13) {
+    int codes[256];
+    for (int i = 0; i < 256; ++i) codes[i] = (i * 5 + i / 64 + shift) % 64;
+    BlockQ6K b{};
+    q6_k_pack_like_ggml(codes, b.ql, b.qh);
+    std::memcpy(b.scales, sc, 16);
+    b.d = to_fp16(0.5f);
+    float y[256];
+    dequantize_q6_k(b, y);
+    bool seen[64] = {};
+    int n_bad = 0;
+    for (int i = 0; i < 256; ++i) {
+      seen[codes[i]] = true;
+      // Small dyadic terms: exact in fp32.
+      bool const ok = q6_k_code(b, i) == codes[i] - 32 &&
+                      y[i] == 0.5f * sc[i / 16] * static_cast<float>(codes[i] - 32);
+      if (!ok && ++n_bad <= 3) {
+        CAPTURE(shift);
+        CAPTURE(i);
+        CHECK(q6_k_code(b, i) == codes[i] - 32);
+        CHECK(y[i] == 0.5f * sc[i / 16] * static_cast<float>(codes[i] - 32));
+      }
+    }
+    CHECK(n_bad == 0);
+    CHECK(std::all_of(std::begin(seen), std::end(seen), [](bool s) { return s; }));
+  }
+}
+
+TEST_CASE("q6_k: quantize -> dequantize stays within half a sub-block step") {
+  std::mt19937_64 rng(0x6666);
+  // The quantizer's step before rounding: max(n_j / 32, p_j / 31.5) (see quantize_q6_k).
+  auto step = [](float const* xj) {
+    double neg = 0.0;
+    double pos = 0.0;
+    for (int l = 0; l < 16; ++l) {
+      neg = std::max(neg, -static_cast<double>(xj[l]));
+      pos = std::max(pos, static_cast<double>(xj[l]));
+    }
+    return std::max(neg / 32.0, pos / 31.5);
+  };
+  // Checks the documented step and error bounds; marks the codes used in `seen`.
+  auto check_block = [&](float const* x, BlockQ6K const& b, bool* seen) {
+    float y[256];
+    dequantize_q6_k(b, y);
+    double const d = to_float(b.d);
+    double max_s = 0.0;
+    for (int j = 0; j < 16; ++j) max_s = std::max(max_s, step(x + 16 * j));
+    // d is max_s / 127 rounded up to fp16: at most one fp16 ulp above, which is 2^-10
+    // relative for normals and 2^-24 absolute for subnormals (below 2^-14).
+    CHECK(d >= max_s / 127.0 * (1 - 1e-6));
+    CHECK(d <= max_s / 127.0 * (1.0 + std::ldexp(1.0, -10)) + std::ldexp(1.0, -24));
+    int n_bad = 0;
+    for (int j = 0; j < 16; ++j) {
+      double const s = step(x + 16 * j);
+      double const e = d * b.scales[j];
+      double amax = 0.0;
+      for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(double{x[16 * j + l]}));
+      CAPTURE(j);
+      CHECK(b.scales[j] >= 0);
+      CHECK(e >= s * (1 - 1e-6));
+      CHECK(e <= s + d);
+      double const bound = 0.5 * e + 4e-6 * amax;
+      for (int l = 0; l < 16; ++l) {
+        int const i = 16 * j + l;
+        seen[q6_k_code(b, i) + 32] = true;
+        double const err = std::fabs(static_cast<double>(y[i]) - x[i]);
+        if (!(err <= bound) && ++n_bad <= 3) {
+          CAPTURE(i);
+          CAPTURE(x[i]);
+          CAPTURE(y[i]);
+          CHECK(err <= bound);
+        }
+      }
+    }
+    CHECK(n_bad == 0);
+  };
+
+  bool seen[64] = {};
+  SUBCASE("random blocks of several ranges, and all 64 codes used") {
+    for (auto [lo, hi] : {std::pair{-1.0f, 1.0f}, std::pair{0.5f, 2.0f}, std::pair{-3.0f, -0.01f},
+                          std::pair{-1e-3f, 2e-3f}, std::pair{-5e4f, 1e4f}}) {
+      std::size_t const n = 256 * 9;
+      auto const x = test::random_floats(n, rng(), lo, hi);
+      std::vector<BlockQ6K> blocks(n / 256);
+      quantize_row_q6_k(x.data(), n, blocks.data());
+      std::vector<float> y(n);
+      dequantize_row_q6_k(blocks.data(), n, y.data());
+      for (std::size_t k = 0; k < blocks.size(); ++k) {
+        CAPTURE(lo);
+        CAPTURE(k);
+        check_block(x.data() + 256 * k, blocks[k], seen);
+        float yk[256];
+        dequantize_q6_k(blocks[k], yk);
+        CHECK(std::equal(yk, yk + 256, y.begin() + static_cast<std::ptrdiff_t>(256 * k)));
+      }
+    }
+    // Both ends too, from the largest sub-blocks (sc_j near 127, so e_j is within 1% of s_j):
+    // a dominant negative end maps to about -32, a dominant positive end to about 31.5 -> 31.
+    CHECK(std::all_of(std::begin(seen), std::end(seen), [](bool s) { return s; }));
+  }
+  SUBCASE("a zero block") {
+    float const x[256] = {};
+    BlockQ6K const b = quantize_q6_k(x);
+    CHECK(b.d.bits == 0);
+    float y[256];
+    dequantize_q6_k(b, y);
+    for (int i = 0; i < 256; ++i) {
+      CAPTURE(i);
+      CHECK(y[i] == 0.0f);
+      CHECK(q6_k_code(b, i) == 0);
+    }
+  }
+  SUBCASE("one large outlier, in either sign, with zero and small sub-blocks") {
+    for (float outlier : {1000.0f, -1000.0f, 3.0f}) {
+      for (int pos : {0, 77, 255}) {
+        auto x = test::random_floats(256, rng(), -0.01f, 0.01f);
+        std::fill(x.begin() + 96, x.begin() + 112, 0.0f);  // sub-block 6 all zero
+        x[static_cast<std::size_t>(pos)] = outlier;
+        BlockQ6K const b = quantize_q6_k(x.data());
+        CAPTURE(outlier);
+        CAPTURE(pos);
+        CHECK(b.scales[pos / 16] == 127);
+        CHECK(b.scales[6] == 0);
+        check_block(x.data(), b, seen);
+        float y[256];
+        dequantize_q6_k(b, y);
+        CHECK(q6_k_code(b, pos) == (outlier < 0 ? -32 : 31));
+        // Within half a step of about |outlier| / 31.5.
+        CHECK(std::fabs(y[pos] - outlier) <= std::fabs(outlier) / 63.0f * 1.01f);
+      }
+    }
+  }
+}

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "qflash/runtime/generate.hpp"
+#include "qflash/runtime/load_model.hpp"
 
 using namespace qflash;
 
@@ -22,9 +23,9 @@ TEST_CASE("stop-string helpers") {
 
 TEST_CASE("generate on a fixture: greedy tokens, streaming, eos and stop strings") {
   std::string const dir = std::string(QFLASH_FIXTURES_DIR) + "/qwen3_5_moe_tiny";
-  model::ModelOptions o;
+  runtime::LoadOptions o;
   o.progress = false;
-  auto m = model::Model<>::load(dir, o);
+  auto m = runtime::load_model_as<spec::generic>(dir, o);
   auto tok = io::Tokenizer::from_file(dir + "/tokenizer.json");
   // Prompt 1 of the fixture and transformers' greedy continuation of it (reference.json).
   std::vector<std::int32_t> const prompt{171, 56, 115, 66, 64, 182, 125, 75, 29, 93};

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string_view>
+#include <type_traits>
 
 namespace qflash::arch {
 
@@ -49,5 +50,11 @@ constexpr std::string_view to_string(ArchId id) {
   }
   return "unknown";
 }
+
+/// True when Arch is one of the tags an op implements: a launcher's catch-all overload is
+/// constrained on `!implemented_by<Arch, ...>`, so an arch without an implementation stops the
+/// build at its static_assert instead of "no matching function".
+template <class Arch, class... Implemented>
+concept implemented_by = (std::is_same_v<Arch, Implemented> || ...);
 
 }  // namespace qflash::arch

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "qflash/core/error.hpp"
-#include "qflash/io/hf_config.hpp"
+#include "qflash/model/config.hpp"
 
 namespace qflash::model {
 
@@ -29,12 +29,12 @@ struct LinearState {
 
 class SequenceState {
  public:
-  explicit SequenceState(io::ModelConfig const& cfg)
+  explicit SequenceState(ModelConfig const& cfg)
       : max_positions_(cfg.max_position_embeddings), layers_(cfg.layer_types.size()) {
     std::size_t const conv_dim = static_cast<std::size_t>(
         2 * cfg.n_head_k_linear * cfg.d_head_k_linear + cfg.n_head_v_linear * cfg.d_head_v_linear);
     for (std::size_t l = 0; l < layers_.size(); ++l)
-      if (cfg.layer_types[l] == io::LayerKind::kLinearAttention) {
+      if (cfg.layer_types[l] == LayerKind::kLinearAttention) {
         layers_[l].linear.conv.assign(conv_dim * static_cast<std::size_t>(cfg.d_conv - 1), 0.0f);
         layers_[l].linear.recurrent.assign(static_cast<std::size_t>(cfg.n_head_v_linear) *
                                                static_cast<std::size_t>(cfg.d_head_k_linear) *

@@ -1,54 +1,42 @@
 /// @file
-/// The text model of both supported families on the CPU: qwen3_5_moe (Gated DeltaNet and
-/// gated full attention, (1+w) norms, routed experts plus a sigmoid-gated shared expert) and
-/// qwen3_moe (GQA attention, plain norms, routed experts).
+/// The text model of both supported families, `Model<Spec, Arch>`: qwen3_5_moe (Gated
+/// DeltaNet and gated full attention, (1+w) norms, routed experts plus a sigmoid-gated shared
+/// expert) and qwen3_moe (GQA attention, plain norms, routed experts), stacked from the layer
+/// classes in model/layers/. Only kernels' op.hpp are included: every launcher takes `Arch`
+/// from the template, and its instance comes from the generated instance TUs.
 ///
 /// `forward` takes a ragged batch: each entry is one sequence's new tokens (a prefill chunk or
 /// one decode token) with its caches. Projections and experts run over all rows of the batch
-/// at once; attention and the delta rule run per sequence on that sequence's caches.
+/// at once; attention and the delta rule run per sequence on that sequence's caches. Weights
+/// and caches are owned by the runtime (runtime/load_model.hpp); the model holds views.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
-#include <unistd.h>
+#include <variant>
 #include <vector>
 
+#include "qflash/arch/arch.hpp"
 #include "qflash/core/error.hpp"
-#include "qflash/io/checkpoint.hpp"
-#include "qflash/io/checksums.hpp"
-#include "qflash/io/hf_config.hpp"
-#include "qflash/io/progress.hpp"
-#include "qflash/kernels/add_rmsnorm/cpu.hpp"
-#include "qflash/kernels/attention/cpu.hpp"
-#include "qflash/kernels/causal_conv1d/cpu.hpp"
-#include "qflash/kernels/expert_ffn/cpu.hpp"
-#include "qflash/kernels/gated_delta/cpu.hpp"
-#include "qflash/kernels/gated_rmsnorm/cpu.hpp"
-#include "qflash/kernels/linear/cpu.hpp"
-#include "qflash/kernels/rope/cpu.hpp"
-#include "qflash/kernels/router_topk/cpu.hpp"
+#include "qflash/kernels/add_rmsnorm/op.hpp"
+#include "qflash/kernels/embedding/op.hpp"
+#include "qflash/kernels/linear/op.hpp"
 #include "qflash/model/cache.hpp"
+#include "qflash/model/config.hpp"
+#include "qflash/model/layers/common.hpp"
+#include "qflash/model/layers/gated_attention.hpp"
+#include "qflash/model/layers/gated_deltanet.hpp"
+#include "qflash/model/layers/moe.hpp"
 #include "qflash/model/weights.hpp"
 #include "qflash/spec/presets.hpp"
 
 namespace qflash::model {
 
 struct ModelOptions {
-  DType weight_dtype = DType::kF32;  ///< kF32 or kBF16; converted on load when stored otherwise
-  kernels::DeltaRuleForm prefill_form = kernels::DeltaRuleForm::kChunked;  ///< for chunks of > 1 token
-  int delta_chunk = 64;
-  bool progress = ::isatty(2) != 0;  ///< load progress bar on stderr
-  bool verify_checksums = true;       ///< check SHA256SUMS when the directory has one
-};
-
-/// One sequence's new tokens in a batch.
-struct SequenceChunk {
-  std::span<std::int32_t const> tokens;
-  SequenceState* state = nullptr;
+  DeltaRuleOptions delta;  ///< how prefill chunks run the delta rule
 };
 
 enum class LogitsFor { kAllTokens, kLastToken };
@@ -57,32 +45,119 @@ enum class LogitsFor { kAllTokens, kLastToken };
 /// embedding, l + 1 after layer l, n_layer + 1 after the final norm.
 using HiddenObserver = std::function<void(int index, std::span<float const> hidden)>;
 
-template <MoeSpec S = spec::generic>
-class Model {
- public:
-  /// Loads a Hugging Face model directory; throws Error naming the file and field/tensor.
-  static std::unique_ptr<Model> load(std::string const& dir, ModelOptions const& opts = {}) {
-    if (opts.verify_checksums && io::has_checksums(dir)) io::verify_checksums(dir);
-    auto cfg = io::load_config(dir);
-    auto ckpt = std::make_unique<io::Checkpoint>(io::Checkpoint::open(dir));
-    QFLASH_CHECK(ckpt->has_weights(), dir, ": no weights (model.safetensors or its index) found");
-    return std::unique_ptr<Model>(new Model(std::move(cfg), std::move(ckpt), opts));
-  }
+/// The format all of a model's matrices share, or kAny when they differ: what a compiled
+/// spec's `weights` field is matched against.
+inline WeightFormat uniform_format(ModelWeights const& w) {
+  WeightFormat f = w.embed.format;
+  w.for_each_matrix([&](std::string const&, WeightView const& v) {
+    if (v.format != f) f = WeightFormat::kAny;
+  });
+  return f;
+}
 
-  [[nodiscard]] io::ModelConfig const& config() const { return cfg_; }
+/// @tparam S     the compiled spec; its static fields are the kernels' compile-time shapes
+/// @tparam Arch  arch::Cpu, arch::Sm80 or arch::Sm90a
+template <MoeSpec S = spec::generic, class Arch = arch::Cpu>
+class Model {
+  static_assert(valid(S), "Model: the spec is invalid (see why_invalid)");
+
+ public:
+  static constexpr MoeSpec spec = S;
+
+  /// @param storage  keeps the bytes behind `weights` alive (mapped files, quantized buffers)
+  Model(ModelConfig cfg, ModelWeights weights, std::shared_ptr<void const> storage, ModelOptions opts = {})
+      : cfg_(std::move(cfg)), w_(std::move(weights)), storage_(std::move(storage)), opts_(opts) {
+    MoeSpec const rt = cfg_.spec(S.kv == KvScheme::kAny ? KvScheme::kBf16 : S.kv, uniform_format(w_));
+    QFLASH_CHECK(matches(S, rt), cfg_.source, ": the model ", to_string(rt),
+                 " does not match the compiled spec ", to_string(S));
+    QFLASH_CHECK(w_.layers.size() == static_cast<std::size_t>(cfg_.n_layer), cfg_.source,
+                 ": weights for ", w_.layers.size(), " layers, the config has ", cfg_.n_layer);
+    norm_kind_ = cfg_.family == ModelFamily::kQwen35Moe ? kernels::NormWeight::kZeroCentered
+                                                        : kernels::NormWeight::kPlain;
+    for (std::size_t l = 0; l < w_.layers.size(); ++l) {
+      LayerWeights const& lw = w_.layers[l];
+      if (lw.kind == LayerKind::kFullAttention)
+        mixers_.emplace_back(std::in_place_type<Attention>, cfg_, lw.attention, l, norm_kind_);
+      else
+        mixers_.emplace_back(std::in_place_type<DeltaNet>, cfg_, lw.linear, l, opts_.delta);
+      moe_.emplace_back(cfg_, lw.moe);
+    }
+  }
+  Model(Model const&) = delete;
+  Model& operator=(Model const&) = delete;
+
+  [[nodiscard]] ModelConfig const& config() const { return cfg_; }
   [[nodiscard]] ModelWeights const& weights() const { return w_; }
   [[nodiscard]] SequenceState new_sequence() const { return SequenceState(cfg_); }
 
   /// Runs the batch's new tokens, advancing each sequence's state, and writes logits
   /// [rows, vocab]: one row per token (kAllTokens) or per sequence (kLastToken).
-  void forward(std::span<SequenceChunk const> batch, LogitsFor which, std::vector<float>& logits,
+  void forward(std::span<SequenceChunk const> seqs, LogitsFor which, std::vector<float>& logits,
                HiddenObserver const& observe = {}) {
-    std::int64_t const d = cfg_.d_model;
-    // Row ranges and positions of each sequence in the batch.
-    begin_.assign(1, 0);
-    positions_.clear();
-    tokens_.clear();
-    for (auto const& c : batch) {
+    layout(seqs);
+    std::int64_t const d = dim<S.d_model>(cfg_.d_model);
+    std::int64_t const T = batch_.n_tokens();
+    float* h = Scratch::sized(h_, T * d);
+    float* xn = Scratch::sized(xn_, T * d);
+    float* mix = Scratch::sized(mix_, T * d);
+    auto seen = [&](int index, float const* rows) {
+      if (observe) observe(index, {rows, static_cast<std::size_t>(T * d)});
+    };
+
+    kernels::EmbeddingArgs e{};
+    e.table = w_.embed;
+    e.tokens = batch_.tokens.data();
+    e.y = h;
+    e.n_tokens = T;
+    check_launch(kernels::launch_embedding<S>(Arch{}, e), "embedding");
+    seen(0, h);
+
+    // Each layer's closing residual add (h += moe) is fused into the next norm.
+    for (std::size_t l = 0; l < w_.layers.size(); ++l) {
+      LayerWeights const& lw = w_.layers[l];
+      if (l == 0)
+        norm(h, nullptr, lw.input_norm, xn, T);
+      else {
+        norm(mix, h, lw.input_norm, xn, T);  // h += moe of layer l - 1; xn = norm(h)
+        seen(static_cast<int>(l), h);
+      }
+      std::visit([&](auto const& mixer) { mixer.forward(batch_, xn, mix, scratch_); }, mixers_[l]);
+      norm(mix, h, lw.post_norm, xn, T);  // h += mixer; xn = norm(h)
+      moe_[l].forward(T, xn, mix, scratch_);
+    }
+    norm(mix, h, w_.final_norm, xn, T);
+    seen(cfg_.n_layer, h);
+    seen(cfg_.n_layer + 1, xn);
+
+    // Logits of the rows asked for.
+    kernels::LinearArgs a{};
+    a.w = w_.lm_head;
+    a.x = xn;
+    a.n_tokens = T;
+    if (which == LogitsFor::kLastToken) {
+      // The last row of each sequence: rows begin[i+1] - 1, gathered into mix.
+      for (std::size_t i = 0; i < seqs.size(); ++i)
+        std::copy_n(xn + (batch_.begin[i + 1] - 1) * d, d, mix + static_cast<std::int64_t>(i) * d);
+      a.x = mix;
+      a.n_tokens = static_cast<std::int64_t>(seqs.size());
+    }
+    logits.resize(static_cast<std::size_t>(a.n_tokens * cfg_.vocab));
+    a.y = logits.data();
+    check_launch(kernels::launch_linear<S>(Arch{}, a), "lm_head");
+
+    for (auto const& c : seqs) c.state->advance(static_cast<std::int64_t>(c.tokens.size()));
+  }
+
+ private:
+  using Attention = GatedAttention<S, Arch>;
+  using DeltaNet = GatedDeltaNet<S, Arch>;
+
+  void layout(std::span<SequenceChunk const> seqs) {
+    batch_.seqs = seqs;
+    batch_.begin.assign(1, 0);
+    batch_.positions.clear();
+    batch_.tokens.clear();
+    for (auto const& c : seqs) {
       QFLASH_CHECK(c.state, "forward: a batch entry has no sequence state");
       QFLASH_CHECK(!c.tokens.empty(), "forward: a batch entry has no tokens");
       QFLASH_CHECK(c.state->n_past() + static_cast<std::int64_t>(c.tokens.size()) <= c.state->max_positions(),
@@ -91,78 +166,10 @@ class Model {
       for (std::size_t t = 0; t < c.tokens.size(); ++t) {
         QFLASH_CHECK(c.tokens[t] >= 0 && c.tokens[t] < cfg_.vocab, "token id ", c.tokens[t],
                      " is outside the vocabulary [0, ", cfg_.vocab, ")");
-        positions_.push_back(c.state->n_past() + static_cast<std::int64_t>(t));
-        tokens_.push_back(c.tokens[t]);
+        batch_.positions.push_back(c.state->n_past() + static_cast<std::int64_t>(t));
+        batch_.tokens.push_back(c.tokens[t]);
       }
-      begin_.push_back(static_cast<std::int64_t>(tokens_.size()));
-    }
-    std::int64_t const T = static_cast<std::int64_t>(tokens_.size());
-    resize(h_, T * d);
-    resize(xn_, T * d);
-    resize(mix_, T * d);
-
-    for (std::int64_t t = 0; t < T; ++t) embed_row(tokens_[static_cast<std::size_t>(t)], h_.data() + t * d);
-    if (observe) observe(0, {h_.data(), static_cast<std::size_t>(T * d)});
-
-    for (std::size_t l = 0; l < w_.layers.size(); ++l) {
-      LayerWeights const& lw = w_.layers[l];
-      norm(h_.data(), nullptr, lw.input_norm, xn_.data(), T);
-      if (lw.kind == io::LayerKind::kFullAttention)
-        attention_block(l, lw.attention, batch, T);
-      else
-        linear_attention_block(l, lw.linear, batch, T);
-      norm(mix_.data(), h_.data(), lw.post_norm, xn_.data(), T);  // h += mix; xn = norm(h)
-      moe_block(lw.moe, T);
-      for (std::int64_t i = 0; i < T * d; ++i) h_[static_cast<std::size_t>(i)] += mix_[static_cast<std::size_t>(i)];
-      if (observe) observe(static_cast<int>(l) + 1, {h_.data(), static_cast<std::size_t>(T * d)});
-    }
-    norm(h_.data(), nullptr, w_.final_norm, xn_.data(), T);
-    if (observe) observe(cfg_.n_layer + 1, {xn_.data(), static_cast<std::size_t>(T * d)});
-
-    // Logits of the rows asked for.
-    float const* rows = xn_.data();
-    std::int64_t n_rows = T;
-    if (which == LogitsFor::kLastToken) {
-      n_rows = static_cast<std::int64_t>(batch.size());
-      resize(mix_, n_rows * d);
-      for (std::int64_t i = 0; i < n_rows; ++i)
-        std::copy_n(xn_.data() + (begin_[static_cast<std::size_t>(i) + 1] - 1) * d, d, mix_.data() + i * d);
-      rows = mix_.data();
-    }
-    logits.resize(static_cast<std::size_t>(n_rows * cfg_.vocab));
-    project(w_.lm_head, rows, n_rows, logits.data());
-
-    for (auto const& c : batch) c.state->advance(static_cast<std::int64_t>(c.tokens.size()));
-  }
-
- private:
-  Model(io::ModelConfig cfg, std::unique_ptr<io::Checkpoint> ckpt, ModelOptions const& opts)
-      : cfg_(std::move(cfg)), ckpt_(std::move(ckpt)), opts_(opts) {
-    MoeSpec const rt = cfg_.spec(KvScheme::kBf16, opts.weight_dtype == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBf16);
-    MoeSpec structural = S;  // the KV scheme and weight format are checked by their own kernels
-    structural.kv = KvScheme::kAny;
-    structural.weights = WeightFormat::kAny;
-    QFLASH_CHECK(matches(structural, rt), cfg_.source, ": the model's shape ", to_string(rt),
-                 " does not match the compiled spec ", to_string(S));
-    io::Progress progress("loading " + ckpt_->dir(), ckpt_->weight_bytes(), opts.progress);
-    binder_ = std::make_unique<WeightBinder>(*ckpt_, opts.weight_dtype, &progress);
-    w_ = bind_weights(cfg_, *binder_);
-    progress.finish();
-    kind_ = cfg_.family == ModelFamily::kQwen35Moe ? kernels::NormWeight::kZeroCentered
-                                                   : kernels::NormWeight::kPlain;
-  }
-
-  static void resize(std::vector<float>& v, std::int64_t n) { v.resize(static_cast<std::size_t>(n)); }
-
-  static void check(Status s, char const* what) { QFLASH_CHECK_STATUS(s, what); }
-
-  void embed_row(std::int32_t token, float* out) const {
-    WeightView const& e = w_.embed;
-    if (e.dtype == DType::kF32) {
-      std::copy_n(static_cast<float const*>(e.data) + token * e.cols, e.cols, out);
-    } else {
-      auto const* src = static_cast<std::uint16_t const*>(e.data) + token * e.cols;
-      for (std::int64_t i = 0; i < e.cols; ++i) out[i] = to_float(Bf16{src[i]});
+      batch_.begin.push_back(static_cast<std::int64_t>(batch_.tokens.size()));
     }
   }
 
@@ -177,218 +184,22 @@ class Model {
     a.n_rows = rows;
     a.n_cols = static_cast<int>(weight.size());
     a.eps = cfg_.rms_norm_eps;
-    a.weight_kind = kind_;
-    if (static_cast<int>(weight.size()) == cfg_.d_model)
-      check(kernels::launch_add_rmsnorm<S>(arch::Cpu{}, a), "add_rmsnorm");
-    else
-      check(kernels::launch_add_rmsnorm<spec::generic>(arch::Cpu{}, a), "rmsnorm (head)");
+    a.weight_kind = norm_kind_;
+    check_launch(kernels::launch_add_rmsnorm<S>(Arch{}, a), "add_rmsnorm");
   }
 
-  void project(WeightView const& w, float const* x, std::int64_t rows, float* y,
-               std::int64_t x_stride = 0) const {
-    kernels::LinearArgs a{};
-    a.w = w;
-    a.x = x;
-    a.y = y;
-    a.n_tokens = rows;
-    a.x_stride = x_stride;
-    check(kernels::launch_linear<S>(arch::Cpu{}, a), "linear");
-  }
-
-  void attention_block(std::size_t layer, AttentionWeights const& w,
-                       std::span<SequenceChunk const> batch, std::int64_t T) {
-    int const nh = cfg_.n_head, nkv = cfg_.n_head_kv, dh = cfg_.d_head;
-    bool const gated = cfg_.attn_output_gate;
-    std::int64_t const q_width = std::int64_t{nh} * dh, kv_width = std::int64_t{nkv} * dh;
-    resize(qg_, T * w.q.rows);
-    resize(q_, T * q_width);
-    resize(k_, T * kv_width);
-    resize(v_, T * kv_width);
-    resize(o_, T * q_width);
-    project(w.q, xn_.data(), T, qg_.data());
-    project(w.k, xn_.data(), T, k_.data());
-    project(w.v, xn_.data(), T, v_.data());
-    // Per head, the projection holds [query | gate] when gated.
-    int const stride = gated ? 2 * dh : dh;
-    for (std::int64_t t = 0; t < T; ++t)
-      for (int h = 0; h < nh; ++h)
-        std::copy_n(qg_.data() + t * w.q.rows + h * stride, dh, q_.data() + (t * nh + h) * dh);
-
-    head_norm(q_.data(), w.q_norm, T * nh);
-    head_norm(k_.data(), w.k_norm, T * nkv);
-    rope(q_.data(), T, nh);
-    rope(k_.data(), T, nkv);
-
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      std::int64_t const b = begin_[i], n = begin_[i + 1] - b;
-      AttentionCache& cache = batch[i].state->attention(layer);
-      std::size_t const width = static_cast<std::size_t>(kv_width);
-      cache.k.insert(cache.k.end(), k_.begin() + b * kv_width, k_.begin() + (b + n) * kv_width);
-      cache.v.insert(cache.v.end(), v_.begin() + b * kv_width, v_.begin() + (b + n) * kv_width);
-      kernels::AttentionArgs a{};
-      a.q = q_.data() + b * q_width;
-      a.k = cache.k.data();
-      a.v = cache.v.data();
-      a.out = o_.data() + b * q_width;
-      a.n_tokens = n;
-      a.n_ctx = static_cast<std::int64_t>(cache.k.size() / width);
-      a.n_head = nh;
-      a.n_head_kv = nkv;
-      a.d_head = dh;
-      a.scale = 1.0f / std::sqrt(static_cast<float>(dh));
-      check(kernels::launch_attention<S>(arch::Cpu{}, a), "attention");
-    }
-    if (gated)
-      for (std::int64_t t = 0; t < T; ++t)
-        for (int h = 0; h < nh; ++h) {
-          float const* g = qg_.data() + t * w.q.rows + h * stride + dh;
-          float* o = o_.data() + (t * nh + h) * dh;
-          for (int i = 0; i < dh; ++i) o[i] *= 1.0f / (1.0f + std::exp(-g[i]));
-        }
-    project(w.o, o_.data(), T, mix_.data());
-  }
-
-  void head_norm(float* x, std::vector<float> const& weight, std::int64_t rows) const {
-    norm(x, nullptr, weight, x, rows);
-  }
-
-  void rope(float* x, std::int64_t T, int n_head) const {
-    kernels::RopeArgs a{};
-    a.x = x;
-    a.positions = positions_.data();
-    a.n_tokens = T;
-    a.n_head = n_head;
-    a.d_head = cfg_.d_head;
-    a.rotary_dim = cfg_.rotary_dim;
-    a.theta = cfg_.rope_theta;
-    check(kernels::launch_rope<S>(arch::Cpu{}, a), "rope");
-  }
-
-  void linear_attention_block(std::size_t layer, LinearAttentionWeights const& w,
-                              std::span<SequenceChunk const> batch, std::int64_t T) {
-    int const hk = cfg_.n_head_k_linear, hv = cfg_.n_head_v_linear;
-    int const dk = cfg_.d_head_k_linear, dv = cfg_.d_head_v_linear;
-    std::int64_t const key_dim = std::int64_t{hk} * dk, value_dim = std::int64_t{hv} * dv;
-    std::int64_t const conv_dim = 2 * key_dim + value_dim;
-    resize(qg_, T * conv_dim);   // pre-conv q|k|v
-    resize(conv_out_, T * conv_dim);
-    resize(z_, T * value_dim);
-    resize(beta_, T * hv);
-    resize(g_, T * hv);
-    resize(o_, T * value_dim);
-    project(w.qkv, xn_.data(), T, qg_.data());
-    project(w.z, xn_.data(), T, z_.data());
-    project(w.b, xn_.data(), T, beta_.data());
-    project(w.a, xn_.data(), T, g_.data());
-    for (std::int64_t t = 0; t < T; ++t)
-      for (int h = 0; h < hv; ++h) {
-        std::size_t const i = static_cast<std::size_t>(t * hv + h);
-        beta_[i] = 1.0f / (1.0f + std::exp(-beta_[i]));
-        float const x = g_[i] + w.dt_bias[static_cast<std::size_t>(h)];
-        float const softplus = x > 20.0f ? x : std::log1p(std::exp(x));
-        g_[i] = w.neg_a[static_cast<std::size_t>(h)] * softplus;
-      }
-
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      std::int64_t const b = begin_[i], n = begin_[i + 1] - b;
-      LinearState& st = batch[i].state->linear(layer);
-      kernels::CausalConv1dArgs c{};
-      c.x = qg_.data() + b * conv_dim;
-      c.weight = w.conv.data();
-      c.state = st.conv.data();
-      c.y = conv_out_.data() + b * conv_dim;
-      c.n_tokens = n;
-      c.n_channels = static_cast<int>(conv_dim);
-      c.d_conv = cfg_.d_conv;
-      check(kernels::launch_causal_conv1d<S>(arch::Cpu{}, c), "causal_conv1d");
-    }
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      std::int64_t const b = begin_[i], n = begin_[i + 1] - b;
-      kernels::GatedDeltaArgs a{};
-      // q, k and v are read in place from the conv output rows [q | k | v].
-      float const* rows = conv_out_.data() + b * conv_dim;
-      a.q = rows;
-      a.k = rows + key_dim;
-      a.v = rows + 2 * key_dim;
-      a.q_stride = a.k_stride = a.v_stride = conv_dim;
-      a.g = g_.data() + b * hv;
-      a.beta = beta_.data() + b * hv;
-      a.state = batch[i].state->linear(layer).recurrent.data();
-      a.out = o_.data() + b * value_dim;
-      a.n_tokens = n;
-      a.n_head_k = hk;
-      a.n_head_v = hv;
-      a.d_k = dk;
-      a.d_v = dv;
-      auto const form = n == 1 ? kernels::DeltaRuleForm::kRecurrent : opts_.prefill_form;
-      check(kernels::launch_gated_delta<S>(arch::Cpu{}, a, form, opts_.delta_chunk), "gated_delta");
-    }
-    kernels::GatedRmsNormArgs gn{};
-    gn.x = o_.data();
-    gn.z = z_.data();
-    gn.weight = w.norm.data();
-    gn.y = o_.data();
-    gn.n_rows = T * hv;
-    gn.n_cols = dv;
-    gn.eps = cfg_.rms_norm_eps;
-    check(kernels::launch_gated_rmsnorm<S>(arch::Cpu{}, gn), "gated_rmsnorm");
-    project(w.out, o_.data(), T, mix_.data());
-  }
-
-  void moe_block(MoeWeights const& w, std::int64_t T) {
-    int const n_expert = cfg_.n_expert, k = cfg_.n_expert_used;
-    std::int64_t const d = cfg_.d_model;
-    resize(router_logits_, T * n_expert);
-    routes_.resize(static_cast<std::size_t>(T * k));
-    resize(route_weights_, T * k);
-    project(w.router, xn_.data(), T, router_logits_.data());
-    kernels::RouterTopkArgs r{};
-    r.logits = router_logits_.data();
-    r.experts = routes_.data();
-    r.weights = route_weights_.data();
-    r.n_tokens = T;
-    r.n_expert = n_expert;
-    r.n_expert_used = k;
-    r.renormalize = cfg_.norm_topk_prob;
-    check(kernels::launch_router_topk<S>(arch::Cpu{}, r), "router_topk");
-
-    std::fill_n(mix_.data(), T * d, 0.0f);
-    kernels::ExpertFfnArgs e{};
-    e.experts = w.experts;
-    e.x = xn_.data();
-    e.routes = routes_.data();
-    e.route_weights = route_weights_.data();
-    e.out = mix_.data();
-    e.n_tokens = T;
-    e.n_expert_used = k;
-    check(kernels::launch_expert_ffn<S>(arch::Cpu{}, e), "expert_ffn");
-
-    if (w.shared) {
-      // The shared expert: every token, weighted by sigmoid(shared_expert_gate . x).
-      resize(route_weights_, T);
-      project(w.shared_gate, xn_.data(), T, route_weights_.data());
-      for (auto& g : route_weights_) g = 1.0f / (1.0f + std::exp(-g));
-      routes_.assign(static_cast<std::size_t>(T), 0);
-      e.experts = std::span<ExpertWeights const>(&*w.shared, 1);
-      e.routes = routes_.data();
-      e.route_weights = route_weights_.data();
-      e.n_expert_used = 1;
-      check(kernels::launch_expert_ffn<S>(arch::Cpu{}, e), "shared expert");
-    }
-  }
-
-  io::ModelConfig cfg_;
-  std::unique_ptr<io::Checkpoint> ckpt_;
-  std::unique_ptr<WeightBinder> binder_;
-  ModelOptions opts_;
+  ModelConfig cfg_;
   ModelWeights w_;
-  kernels::NormWeight kind_ = kernels::NormWeight::kPlain;
+  std::shared_ptr<void const> storage_;
+  ModelOptions opts_;
+  kernels::NormWeight norm_kind_ = kernels::NormWeight::kPlain;
+  std::vector<std::variant<Attention, DeltaNet>> mixers_;
+  std::vector<MoeBlock<S, Arch>> moe_;
 
-  // Per-call scratch, reused across calls.
-  std::vector<std::int64_t> begin_, positions_;
-  std::vector<std::int32_t> tokens_, routes_;
-  std::vector<float> h_, xn_, mix_, qg_, q_, k_, v_, o_, conv_out_, z_, beta_, g_, router_logits_,
-      route_weights_;
+  // Per-call state, reused across calls.
+  Batch batch_;
+  Scratch scratch_;
+  std::vector<float> h_, xn_, mix_;
 };
 
 }  // namespace qflash::model

@@ -1,6 +1,6 @@
 /// @file
-/// GGUF (ggml) weight blocks Q8_0 and Q4_K: byte-exact layouts and dequantization that give
-/// the floats ggml's `dequantize_row_q8_0` / `dequantize_row_q4_K` give, so weights from a
+/// GGUF (ggml) weight blocks Q8_0, Q4_K and Q6_K: byte-exact layouts and dequantization that
+/// give the floats ggml's `dequantize_row_q8_0` / `_q4_K` / `_q6_K` give, so weights from a
 /// `.gguf` file can be used in place on CPU and GPU; plus quantizers for making test data and
 /// for converting weights.
 ///
@@ -11,9 +11,16 @@
 ///   packed in `scales` as in ggml's get_scale_min_k4 (see q4_k_scale_min), and 4-bit q:
 ///   for pair p = 0..3 (values 64p..64p+63), byte qs[32p + l] holds value 64p + l in its low
 ///   nibble (sub-block 2p) and value 64p + 32 + l in its high nibble (sub-block 2p + 1).
+/// Q6_K, 256 values (16 sub-blocks of 16), 210 bytes:
+///   u8 ql[128], u8 qh[64], int8 scales[16], fp16 d  (d last);
+///   x = (d * scales[i / 16]) * q  with 6-bit q = code - 32 (-32..31). Value i = 128h + 32k + l
+///   (half h = 0..1, quarter k = 0..3, l = 0..31) keeps the low 4 bits of its code in
+///   ql[64h + 32(k % 2) + l] (low nibble for k < 2, high for k >= 2) and the high 2 bits in
+///   qh[32h + l] at bits 2k, 2k + 1.
 /// All multi-byte fields are little-endian, as GGUF files are on the hosts we run on.
-/// Dequantization uses ggml's order of operations; like ggml's, its last bit can change where
-/// the compiler contracts `a * q - m` into an FMA (nvcc does by default, g++ with -mfma).
+/// Dequantization uses ggml's order of operations; like ggml's, the last bit of Q4_K can change
+/// where the compiler contracts `a * q - m` into an FMA (nvcc does by default, g++ with -mfma).
+/// Q8_0 and Q6_K have no add to contract, so they are the same everywhere.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +36,8 @@ inline constexpr int kQ8_0BlockSize = 32;  ///< ggml QK8_0
 inline constexpr int kQ4KBlockSize = 256;  ///< ggml QK_K
 inline constexpr int kQ4KSubBlocks = 8;    ///< sub-blocks of 32 per Q4_K block
 inline constexpr int kQ4KScaleBytes = 12;  ///< ggml K_SCALE_SIZE
+inline constexpr int kQ6KBlockSize = 256;  ///< ggml QK_K
+inline constexpr int kQ6KSubBlocks = 16;   ///< sub-blocks of 16 per Q6_K block
 
 /// ggml block_q8_0.
 struct BlockQ8_0 {
@@ -45,6 +54,15 @@ struct BlockQ4K {
   std::uint8_t qs[kQ4KBlockSize / 2];
 };
 static_assert(sizeof(BlockQ4K) == 144 && alignof(BlockQ4K) == 2, "GGUF Q4_K block is 144 bytes");
+
+/// ggml block_q6_K.
+struct BlockQ6K {
+  std::uint8_t ql[kQ6KBlockSize / 2];  ///< low 4 bits of the codes
+  std::uint8_t qh[kQ6KBlockSize / 4];  ///< high 2 bits of the codes
+  std::int8_t scales[kQ6KSubBlocks];   ///< 8-bit sub-block scales
+  Fp16 d;                              ///< scale of the sub-block scales
+};
+static_assert(sizeof(BlockQ6K) == 210 && alignof(BlockQ6K) == 2, "GGUF Q6_K block is 210 bytes");
 
 // --- Q8_0 -----------------------------------------------------------------------------------
 
@@ -236,6 +254,126 @@ QFLASH_HD constexpr void dequantize_row_q4_k(BlockQ4K const* blocks, std::size_t
 QFLASH_HD constexpr void quantize_row_q4_k(float const* x, std::size_t n, BlockQ4K* blocks) {
   for (std::size_t i = 0; i < n / kQ4KBlockSize; ++i)
     blocks[i] = quantize_q4_k(x + i * kQ4KBlockSize);
+}
+
+// --- Q6_K -----------------------------------------------------------------------------------
+
+namespace detail {
+/// Where value i (0..255) of a Q6_K block keeps its code: the low 4 bits at `ql_shift` of byte
+/// ql[ql], the high 2 bits at `qh_shift` of byte qh[qh] (see the file comment).
+struct Q6KPos {
+  int ql;
+  int ql_shift;
+  int qh;
+  int qh_shift;
+};
+QFLASH_HD constexpr Q6KPos q6_k_pos(int i) {
+  int const h = i / 128;
+  int const k = i % 128 / 32;
+  int const l = i % 32;
+  return {64 * h + 32 * (k % 2) + l, 4 * (k / 2), 32 * h + l, 2 * k};
+}
+}  // namespace detail
+
+/// The signed 6-bit code (-32..31) of value i (0..255) of a block.
+QFLASH_HD constexpr int q6_k_code(BlockQ6K const& b, int i) {
+  detail::Q6KPos const p = detail::q6_k_pos(i);
+  int const lo = (b.ql[p.ql] >> p.ql_shift) & 0xF;
+  int const hi = (b.qh[p.qh] >> p.qh_shift) & 3;
+  return (lo | hi << 4) - 32;
+}
+
+/// @param y  [256] dequantized values, in ggml's loop order and order of operations:
+///           y = (d * sc) * q, each product rounded to fp32
+QFLASH_HD constexpr void dequantize_q6_k(BlockQ6K const& b, float* y) {
+  float const d = to_float(b.d);
+  std::uint8_t const* ql = b.ql;
+  std::uint8_t const* qh = b.qh;
+  std::int8_t const* sc = b.scales;
+  for (int n = 0; n < kQ6KBlockSize; n += 128) {
+    for (int l = 0; l < 32; ++l) {
+      int const is = l / 16;
+      int const q1 = ((ql[l] & 0xF) | ((qh[l] >> 0 & 3) << 4)) - 32;
+      int const q2 = ((ql[l + 32] & 0xF) | ((qh[l] >> 2 & 3) << 4)) - 32;
+      int const q3 = ((ql[l] >> 4) | ((qh[l] >> 4 & 3) << 4)) - 32;
+      int const q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6 & 3) << 4)) - 32;
+      y[l] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
+      y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+      y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+      y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+/// A reference Q6_K quantizer (not ggml's, which searches each sub-block for a lower-error
+/// scale; the format and dequantization are the same). Per sub-block j, with n_j and p_j the
+/// largest magnitudes of its negative and positive values (0 if none):
+///   s_j = max(n_j / 32, p_j / 31.5),  d = fp16 >= max_j s_j / 127,  sc_j = ceil(s_j / d)
+///   e_j = d * sc_j,  q = clamp(round(x / e_j), -32, 31)
+/// The codes -32..31 come within e_j / 2 of every value in [-32 e_j, 31.5 e_j], and s_j is the
+/// smallest step whose range holds the sub-block. Rounding d and sc_j up keeps e_j >= s_j, so
+/// each element is within e_j / 2 of x (plus fp32 rounding, a few ulp of max |x|), with
+/// s_j <= e_j < s_j + d. Scales are never negative; an all-zero sub-block gets sc_j = 0.
+/// @param x  [256] finite values with |x| < 2^27 (so d fits fp16)
+QFLASH_HD constexpr BlockQ6K quantize_q6_k(float const* x) {
+  float s[kQ6KSubBlocks] = {};
+  float max_s = 0.0f;
+  for (int j = 0; j < kQ6KSubBlocks; ++j) {
+    float neg = 0.0f;
+    float pos = 0.0f;
+    for (int l = 0; l < 16; ++l) {
+      float const v = x[16 * j + l];
+      neg = -v > neg ? -v : neg;
+      pos = v > pos ? v : pos;
+    }
+    float const s_neg = neg / 32.0f;
+    float const s_pos = pos / 31.5f;
+    s[j] = s_neg > s_pos ? s_neg : s_pos;
+    max_s = s[j] > max_s ? s[j] : max_s;
+  }
+
+  BlockQ6K b{};
+  b.d = detail::fp16_round_up(max_s / 127.0f);
+  float const d = to_float(b.d);
+  for (int j = 0; j < kQ6KSubBlocks; ++j) {
+    int const scj = d > 0.0f ? qflash::detail::ceil_nonnegative(s[j] / d) : 0;
+    b.scales[j] = static_cast<std::int8_t>(scj < 127 ? scj : 127);
+  }
+
+  for (int i = 0; i < kQ6KBlockSize; ++i) {
+    float const e = d * static_cast<float>(b.scales[i / 16]);
+    int q = 0;
+    if (e > 0.0f) {
+      float v = x[i] / e;
+      v = v < -32.0f ? -32.0f : (v > 31.0f ? 31.0f : v);
+      q = qflash::detail::round_half_away(v);
+    }
+    int const code = q + 32;
+    detail::Q6KPos const p = detail::q6_k_pos(i);
+    b.ql[p.ql] = static_cast<std::uint8_t>(b.ql[p.ql] | (code & 0xF) << p.ql_shift);
+    b.qh[p.qh] = static_cast<std::uint8_t>(b.qh[p.qh] | (code >> 4) << p.qh_shift);
+  }
+  return b;
+}
+
+/// Dequantizes `n` values (a multiple of 256) from n / 256 consecutive blocks.
+/// @param blocks  [n / 256]
+/// @param y       [n]
+QFLASH_HD constexpr void dequantize_row_q6_k(BlockQ6K const* blocks, std::size_t n, float* y) {
+  for (std::size_t i = 0; i < n / kQ6KBlockSize; ++i)
+    dequantize_q6_k(blocks[i], y + i * kQ6KBlockSize);
+}
+
+/// Quantizes `n` values (a multiple of 256) into n / 256 blocks.
+/// @param x       [n]
+/// @param blocks  [n / 256]
+QFLASH_HD constexpr void quantize_row_q6_k(float const* x, std::size_t n, BlockQ6K* blocks) {
+  for (std::size_t i = 0; i < n / kQ6KBlockSize; ++i)
+    blocks[i] = quantize_q6_k(x + i * kQ6KBlockSize);
 }
 
 }  // namespace qflash::gguf

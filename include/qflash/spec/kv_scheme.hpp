@@ -5,6 +5,8 @@
 
 #include <string_view>
 
+#include "qflash/numeric/weight_format.hpp"  // WeightFormat, the other format field of a spec
+
 namespace qflash {
 
 enum class KvScheme : int {
@@ -22,28 +24,6 @@ constexpr std::string_view to_string(KvScheme k) {
     case KvScheme::kFp8E4m3: return "fp8_e4m3";
     case KvScheme::kInt6: return "int6";
     case KvScheme::kMixed: return "mixed";
-  }
-  return "unknown";
-}
-
-/// Storage format of linear-layer weights.
-enum class WeightFormat : int {
-  kAny = -1,
-  kF32 = 0,
-  kBf16 = 1,
-  kFp8E4m3 = 2,
-  kQ8_0 = 3,
-  kQ4K = 4,
-};
-
-constexpr std::string_view to_string(WeightFormat w) {
-  switch (w) {
-    case WeightFormat::kAny: return "any";
-    case WeightFormat::kF32: return "f32";
-    case WeightFormat::kBf16: return "bf16";
-    case WeightFormat::kFp8E4m3: return "fp8_e4m3";
-    case WeightFormat::kQ8_0: return "q8_0";
-    case WeightFormat::kQ4K: return "q4_k";
   }
   return "unknown";
 }

@@ -45,6 +45,9 @@ struct MoeSpec {
   int d_head_v_linear = kDynamic;  ///< Gated DeltaNet value head dim
   int d_conv = kDynamic;           ///< causal conv kernel width
   KvScheme kv = KvScheme::kAny;
+  /// Weight formats the linear and expert kernels are compiled for: kAny compiles every
+  /// format (each tensor's own format is dispatched once per call); a single format compiles
+  /// that path alone, and such an instance runs only models whose matrices all use it.
   WeightFormat weights = WeightFormat::kAny;
 
   friend constexpr bool operator==(MoeSpec const&, MoeSpec const&) = default;
@@ -99,14 +102,15 @@ constexpr std::string_view why_invalid(MoeSpec const& s) {
 
 constexpr bool valid(MoeSpec const& s) { return why_invalid(s).empty(); }
 
-/// True when every field is known at compile time.
+/// True when every shape field is known at compile time (kAny weights is a static choice:
+/// every format).
 constexpr bool is_static(MoeSpec const& s) {
   using detail::known;
   return s.family != ModelFamily::kAny && known(s.d_model) && known(s.n_head) &&
          known(s.n_head_kv) && known(s.d_head) && known(s.n_expert) && known(s.n_expert_used) &&
          known(s.d_ff_expert) && known(s.d_ff_shared) && known(s.n_head_k_linear) &&
          known(s.n_head_v_linear) && known(s.d_head_k_linear) && known(s.d_head_v_linear) &&
-         known(s.d_conv) && s.kv != KvScheme::kAny && s.weights != WeightFormat::kAny;
+         known(s.d_conv) && s.kv != KvScheme::kAny;
 }
 
 /// True when the compiled spec `c` can run the run-time spec `r`: every field of `c` is

@@ -63,5 +63,11 @@ template <MoeSpec S>
 Status launch_add_rmsnorm(arch::Sm80, AddRmsNormArgs const& args, stream_t stream);
 template <MoeSpec S>
 Status launch_add_rmsnorm(arch::Sm90a, AddRmsNormArgs const& args, stream_t stream);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
+Status launch_add_rmsnorm(Arch, AddRmsNormArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/add_rmsnorm: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
 
 }  // namespace qflash::kernels

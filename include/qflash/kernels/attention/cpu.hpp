@@ -14,9 +14,9 @@ namespace qflash::kernels {
 
 template <MoeSpec S>
 Status launch_attention(arch::Cpu, AttentionArgs const& a, stream_t) {
-  if (Status s = can_implement_attention(a); s != Status::kSuccess) return s;
+  if (Status s = can_implement_attention<S>(a); s != Status::kSuccess) return s;
   int const d = dim<S.d_head>(a.d_head);
-  if (d != a.d_head) return Status::kErrorInvalidProblem;
+  std::int64_t const gate_hs = a.gate_head_stride ? a.gate_head_stride : d;
   int const group = a.n_head / a.n_head_kv;
   std::int64_t const n_items = a.n_tokens * a.n_head;
   parallel_for(0, n_items, 2 * a.n_ctx * d, [&](std::int64_t item) {
@@ -44,6 +44,10 @@ Status launch_attention(arch::Cpu, AttentionArgs const& a, stream_t) {
       float const w = p[static_cast<std::size_t>(s)] * inv;
       float const* v = a.v + (s * a.n_head_kv + kv) * d;
       for (int i = 0; i < d; ++i) o[i] += w * v[i];
+    }
+    if (a.gate) {
+      float const* g = a.gate + t * a.gate_token_stride + h * gate_hs;
+      for (int i = 0; i < d; ++i) o[i] *= 1.0f / (1.0f + std::exp(-g[i]));
     }
   });
   return Status::kSuccess;

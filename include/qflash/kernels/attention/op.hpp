@@ -3,7 +3,8 @@
 /// token t sits at position p = n_ctx - n_tokens + t and, for query head h (kv head
 /// h / (n_head / n_head_kv)):
 ///   out[t, h] = sum_{s <= p} softmax_s(scale * q[t, h] . k[s, kv]) * v[s, kv]
-/// Softmax in fp32. Keys are cached after their norm and RoPE.
+/// Softmax in fp32. Keys are cached after their norm and RoPE. With a gate (qwen3_5_moe's
+/// attention output gate), out[t, h] is then multiplied elementwise by sigmoid(gate[t, h]).
 #pragma once
 
 #include <cstdint>
@@ -26,16 +27,33 @@ struct AttentionArgs {
   int n_head_kv = 0;
   int d_head = 0;
   float scale = 1.0f;
+  float const* gate = nullptr;         // [n_tokens, n_head, d_head] strided; null: no gate
+  std::int64_t gate_token_stride = 0;  ///< floats between tokens of gate
+  std::int64_t gate_head_stride = 0;   ///< floats between heads of gate; 0: d_head
 };
 
-[[nodiscard]] inline Status can_implement_attention(AttentionArgs const& a) {
+/// Checks arguments; head counts and d_head are the spec's when static.
+template <MoeSpec S>
+[[nodiscard]] constexpr Status can_implement_attention(AttentionArgs const& a) {
   if (!a.q || !a.k || !a.v || !a.out || a.n_tokens < 0 || a.n_ctx < a.n_tokens ||
       a.n_head <= 0 || a.n_head_kv <= 0 || a.d_head <= 0 || a.n_head % a.n_head_kv != 0)
+    return Status::kErrorInvalidProblem;
+  if (a.gate && (a.gate_head_stride < 0 || (a.gate_head_stride && a.gate_head_stride < a.d_head) ||
+                 a.gate_token_stride < (a.n_head - 1) * (a.gate_head_stride ? a.gate_head_stride : a.d_head) + a.d_head))
+    return Status::kErrorInvalidProblem;
+  if ((S.d_head != kDynamic && a.d_head != S.d_head) || (S.n_head != kDynamic && a.n_head != S.n_head) ||
+      (S.n_head_kv != kDynamic && a.n_head_kv != S.n_head_kv))
     return Status::kErrorInvalidProblem;
   return Status::kSuccess;
 }
 
 template <MoeSpec S>
 Status launch_attention(arch::Cpu, AttentionArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu>)
+Status launch_attention(Arch, AttentionArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/attention: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
 
 }  // namespace qflash::kernels

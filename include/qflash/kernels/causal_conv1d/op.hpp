@@ -50,5 +50,11 @@ template <MoeSpec S>
 /// arguments, else kSuccess.
 template <MoeSpec S>
 Status launch_causal_conv1d(arch::Cpu, CausalConv1dArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu>)
+Status launch_causal_conv1d(Arch, CausalConv1dArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/causal_conv1d: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
 
 }  // namespace qflash::kernels

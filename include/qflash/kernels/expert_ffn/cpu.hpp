@@ -11,12 +11,11 @@
 #include "qflash/kernels/expert_ffn/op.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
 
-namespace qflash::kernels {
+namespace qflash::kernels::cpu {
 
-template <MoeSpec S>
-Status launch_expert_ffn(arch::Cpu, ExpertFfnArgs const& a, stream_t) {
-  if (Status s = can_implement_expert_ffn<S>(a); s != Status::kSuccess) return s;
-  auto const isa = arch::cpu_isa();
+/// The op for the weight formats F compiles (kAny: all); arguments already checked.
+template <WeightFormat F>
+Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   std::int64_t const d_model = a.experts[0].gate.cols;
   std::int64_t const d_ff = a.experts[0].gate.rows;
   std::int64_t const n_expert = static_cast<std::int64_t>(a.experts.size());
@@ -55,10 +54,10 @@ Status launch_expert_ffn(arch::Cpu, ExpertFfnArgs const& a, stream_t) {
     l.n_tokens = n;
     l.w = w.gate;
     l.y = gate.data();
-    cpu::linear(isa, l);
+    if (Status s = linear<F>(isa, l); s != Status::kSuccess) return s;
     l.w = w.up;
     l.y = up.data();
-    cpu::linear(isa, l);
+    if (Status s = linear<F>(isa, l); s != Status::kSuccess) return s;
     for (std::int64_t i = 0; i < n * d_ff; ++i) {
       float const g = gate[static_cast<std::size_t>(i)];
       gate[static_cast<std::size_t>(i)] = g / (1.0f + std::exp(-g)) * up[static_cast<std::size_t>(i)];
@@ -66,7 +65,7 @@ Status launch_expert_ffn(arch::Cpu, ExpertFfnArgs const& a, stream_t) {
     l.x = gate.data();
     l.w = w.down;
     l.y = down.data();
-    cpu::linear(isa, l);
+    if (Status s = linear<F>(isa, l); s != Status::kSuccess) return s;
     for (std::int64_t r = 0; r < n; ++r) {
       std::int64_t const p = pairs[static_cast<std::size_t>(begin + r)];
       std::int64_t const t = p / a.n_expert_used;
@@ -77,6 +76,16 @@ Status launch_expert_ffn(arch::Cpu, ExpertFfnArgs const& a, stream_t) {
     }
   }
   return Status::kSuccess;
+}
+
+}  // namespace qflash::kernels::cpu
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_expert_ffn(arch::Cpu, ExpertFfnArgs const& a, stream_t) {
+  if (Status s = can_implement_expert_ffn<S>(a); s != Status::kSuccess) return s;
+  return cpu::expert_ffn<S.weights>(arch::cpu_isa(), a);
 }
 
 }  // namespace qflash::kernels

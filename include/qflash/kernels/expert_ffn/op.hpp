@@ -49,5 +49,11 @@ template <MoeSpec S>
 
 template <MoeSpec S>
 Status launch_expert_ffn(arch::Cpu, ExpertFfnArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu>)
+Status launch_expert_ffn(Arch, ExpertFfnArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/expert_ffn: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
 
 }  // namespace qflash::kernels

@@ -741,10 +741,9 @@ inline Status gated_delta(arch::CpuIsa isa, GatedDeltaArgs const& a, DeltaRuleFo
 namespace qflash::kernels {
 
 template <MoeSpec S>
-Status launch_gated_delta(arch::Cpu, GatedDeltaArgs const& args, DeltaRuleForm form, int chunk_size,
-                          stream_t) {
+Status launch_gated_delta(arch::Cpu, GatedDeltaArgs const& args, stream_t) {
   if (Status s = can_implement_gated_delta<S>(args); s != Status::kSuccess) return s;
-  return cpu::gated_delta(arch::cpu_isa(), args, form, chunk_size);
+  return cpu::gated_delta(arch::cpu_isa(), args, args.form, args.chunk_size);
 }
 
 }  // namespace qflash::kernels

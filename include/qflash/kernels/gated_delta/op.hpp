@@ -33,6 +33,23 @@
 
 namespace qflash::kernels {
 
+/// Largest chunk the chunked form accepts: scratch grows as chunk^2 and the A⁻¹ solve loses
+/// accuracy on long chunks (FLA and transformers use 64).
+inline constexpr int kMaxDeltaChunk = 1024;
+
+enum class DeltaRuleForm : int {
+  kRecurrent = 0,  ///< token by token; O(d_k d_v) per token and head
+  kChunked = 1,    ///< chunkwise WY form; for prefill
+};
+
+constexpr std::string_view to_string(DeltaRuleForm f) {
+  switch (f) {
+    case DeltaRuleForm::kRecurrent: return "recurrent";
+    case DeltaRuleForm::kChunked: return "chunked";
+  }
+  return "unknown";
+}
+
 struct GatedDeltaArgs {
   float const* q = nullptr;     // [n_tokens, n_head_k, d_k] raw (post-conv); kernel applies l2norm and 1/sqrt(d_k)
   float const* k = nullptr;     // [n_tokens, n_head_k, d_k] raw; kernel applies l2norm
@@ -53,20 +70,11 @@ struct GatedDeltaArgs {
   std::int64_t q_stride = 0;
   std::int64_t k_stride = 0;
   std::int64_t v_stride = 0;
+  DeltaRuleForm form = DeltaRuleForm::kChunked;
+  /// Tokens per chunk of the chunked form, in [1, kMaxDeltaChunk] (ignored by kRecurrent); a
+  /// call shorter than one chunk runs as one chunk of n_tokens.
+  int chunk_size = 64;
 };
-
-enum class DeltaRuleForm : int {
-  kRecurrent = 0,  ///< token by token; O(d_k d_v) per token and head
-  kChunked = 1,    ///< chunkwise WY form; for prefill
-};
-
-constexpr std::string_view to_string(DeltaRuleForm f) {
-  switch (f) {
-    case DeltaRuleForm::kRecurrent: return "recurrent";
-    case DeltaRuleForm::kChunked: return "chunked";
-  }
-  return "unknown";
-}
 
 /// Checks arguments; head counts and dims must equal the spec's linear-attention fields when
 /// those are static.
@@ -108,15 +116,14 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
-/// Largest chunk the chunked form accepts: scratch grows as chunk^2 and the A⁻¹ solve loses
-/// accuracy on long chunks (FLA and transformers use 64).
-inline constexpr int kMaxDeltaChunk = 1024;
-
-/// Runs the delta rule on the CPU (defined in cpu.hpp) in the given form. `chunk_size`: tokens
-/// per chunk of the chunked form, in [1, kMaxDeltaChunk] (else kErrorInvalidProblem; ignored by
-/// kRecurrent); a call shorter than one chunk runs as one chunk of n_tokens.
+/// Runs the delta rule in `args.form`; any arch without an implementation stops the build.
 template <MoeSpec S>
-Status launch_gated_delta(arch::Cpu, GatedDeltaArgs const& args, DeltaRuleForm form,
-                          int chunk_size = 64, stream_t stream = nullptr);
+Status launch_gated_delta(arch::Cpu, GatedDeltaArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu>)
+Status launch_gated_delta(Arch, GatedDeltaArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/gated_delta: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
 
 }  // namespace qflash::kernels

@@ -43,5 +43,11 @@ template <MoeSpec S>
 /// Runs the norm on the CPU (defined in cpu.hpp).
 template <MoeSpec S>
 Status launch_gated_rmsnorm(arch::Cpu, GatedRmsNormArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu>)
+Status launch_gated_rmsnorm(Arch, GatedRmsNormArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/gated_rmsnorm: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
 
 }  // namespace qflash::kernels

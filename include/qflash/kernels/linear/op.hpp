@@ -1,7 +1,8 @@
 /// @file
 /// Dense projection of a batch of token rows by a weight matrix stored [out, in] (PyTorch
 /// order):  y[t, o] = sum_i x[t, i] * W[o, i]   (+ y[t, o] when accumulate).
-/// Activations are fp32; W is fp32 or bf16 (dequantized in registers); sums are fp32.
+/// Activations are fp32; W is in any WeightFormat (numeric/weight_format.hpp), decoded as it
+/// is read, with the format dispatched once per call; sums are fp32.
 #pragma once
 
 #include <cstdint>
@@ -10,26 +11,12 @@
 #include "qflash/core/config.hpp"
 #include "qflash/core/dtype.hpp"
 #include "qflash/core/status.hpp"
+#include "qflash/numeric/weight_format.hpp"
 #include "qflash/spec/moe_spec.hpp"
 
 namespace qflash::kernels {
 
-/// A weight matrix [rows = out features, cols = in features], row-major, not owned.
-struct WeightView {
-  DType dtype = DType::kF32;  ///< kF32 or kBF16
-  void const* data = nullptr;
-  std::int64_t rows = 0;
-  std::int64_t cols = 0;
-
-  [[nodiscard]] std::size_t row_bytes() const {
-    return static_cast<std::size_t>(cols) * size_of(dtype);
-  }
-  /// Rows [begin, begin + n) as their own view.
-  [[nodiscard]] WeightView slice_rows(std::int64_t begin, std::int64_t n) const {
-    return {dtype, static_cast<std::byte const*>(data) + static_cast<std::size_t>(begin) * row_bytes(),
-            n, cols};
-  }
-};
+using ::qflash::WeightView;
 
 struct LinearArgs {
   WeightView w;            // [n_out, n_in]
@@ -41,16 +28,30 @@ struct LinearArgs {
   bool accumulate = false;
 };
 
-[[nodiscard]] inline Status can_implement_linear(LinearArgs const& a) {
-  if (a.w.dtype != DType::kF32 && a.w.dtype != DType::kBF16) return Status::kErrorNotSupported;
+/// Checks arguments; the weight's format must be one the spec compiles (S.weights) and fit
+/// its row width.
+template <MoeSpec S>
+[[nodiscard]] constexpr Status can_implement_linear(LinearArgs const& a) {
   if (!a.w.data || !a.x || !a.y || a.n_tokens < 0 || a.w.rows <= 0 || a.w.cols <= 0)
+    return Status::kErrorInvalidProblem;
+  if (a.w.format == WeightFormat::kAny || (S.weights != WeightFormat::kAny && a.w.format != S.weights))
+    return Status::kErrorNotSupported;
+  if (!row_fits(a.w.format, a.w.cols) || (a.w.format == WeightFormat::kFp8E4m3 && !a.w.scales))
     return Status::kErrorInvalidProblem;
   if ((a.x_stride != 0 && a.x_stride < a.w.cols) || (a.y_stride != 0 && a.y_stride < a.w.rows))
     return Status::kErrorInvalidProblem;
   return Status::kSuccess;
 }
 
+/// Launchers, one overload per arch tag with an implementation (cpu.hpp); any other arch
+/// stops the build here with the op's name.
 template <MoeSpec S>
 Status launch_linear(arch::Cpu, LinearArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu>)
+Status launch_linear(Arch, LinearArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/linear: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
 
 }  // namespace qflash::kernels

@@ -23,7 +23,8 @@ Status launch_router_topk(arch::Cpu, RouterTopkArgs const& a, stream_t) {
     thread_local std::vector<int> order;
     p.resize(static_cast<std::size_t>(n_expert));
     order.resize(static_cast<std::size_t>(n_expert));
-    float const* l = a.logits + t * n_expert;
+    float const* l = a.logits + t * (a.logits_stride ? a.logits_stride : n_expert);
+    if (a.shared_weights) a.shared_weights[t] = 1.0f / (1.0f + std::exp(-l[n_expert]));
     float const mx = *std::max_element(l, l + n_expert);
     float sum = 0;
     for (int e = 0; e < n_expert; ++e) sum += (p[static_cast<std::size_t>(e)] = std::exp(l[e] - mx));

@@ -15,7 +15,9 @@ inline void router_topk(RouterTopkArgs const& a) {
   std::vector<double> p(static_cast<std::size_t>(a.n_expert));
   std::vector<int> order(static_cast<std::size_t>(a.n_expert));
   for (std::int64_t t = 0; t < a.n_tokens; ++t) {
-    float const* l = a.logits + t * a.n_expert;
+    float const* l = a.logits + t * (a.logits_stride ? a.logits_stride : a.n_expert);
+    if (a.shared_weights)
+      a.shared_weights[t] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(l[a.n_expert]))));
     double const mx = *std::max_element(l, l + a.n_expert);
     double sum = 0;
     for (int e = 0; e < a.n_expert; ++e) sum += (p[static_cast<std::size_t>(e)] = std::exp(l[e] - mx));

@@ -1,0 +1,45 @@
+/// @file
+/// Token embedding lookup: y[t, :] = decode(table row tokens[t]), for a table in any
+/// WeightFormat (numeric/weight_format.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "qflash/arch/arch.hpp"
+#include "qflash/core/config.hpp"
+#include "qflash/core/status.hpp"
+#include "qflash/numeric/weight_format.hpp"
+#include "qflash/spec/moe_spec.hpp"
+
+namespace qflash::kernels {
+
+struct EmbeddingArgs {
+  WeightView table;                      // [vocab, d_model]
+  std::int32_t const* tokens = nullptr;  // [n_tokens], each in [0, vocab)
+  float* y = nullptr;                    // [n_tokens, d_model]
+  std::int64_t n_tokens = 0;
+};
+
+/// Checks arguments (token ids included); d_model is the spec's when static.
+template <MoeSpec S>
+[[nodiscard]] constexpr Status can_implement_embedding(EmbeddingArgs const& a) {
+  if (!a.table.data || !a.tokens || !a.y || a.n_tokens < 0 || a.table.rows <= 0 ||
+      !row_fits(a.table.format, a.table.cols) ||
+      (a.table.format == WeightFormat::kFp8E4m3 && !a.table.scales))
+    return Status::kErrorInvalidProblem;
+  if (S.d_model != kDynamic && a.table.cols != S.d_model) return Status::kErrorInvalidProblem;
+  for (std::int64_t t = 0; t < a.n_tokens; ++t)
+    if (a.tokens[t] < 0 || a.tokens[t] >= a.table.rows) return Status::kErrorInvalidProblem;
+  return Status::kSuccess;
+}
+
+template <MoeSpec S>
+Status launch_embedding(arch::Cpu, EmbeddingArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu>)
+Status launch_embedding(Arch, EmbeddingArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/embedding: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
+
+}  // namespace qflash::kernels

@@ -1,0 +1,64 @@
+/// @file
+/// CPU kernels/qk_norm_rope: one (token, head) row per step, threaded over tokens; the norm
+/// and rotation work on a row held in registers/L1. With a static d_head the row loops have
+/// compile-time trip counts.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "qflash/core/parallel.hpp"
+#include "qflash/kernels/qk_norm_rope/op.hpp"
+#include "qflash/kernels/rope/op.hpp"  // rope_inv_freq
+
+namespace qflash::kernels::cpu {
+
+/// The op for head width D (kDynamic: any); arguments already checked.
+template <int D>
+Status qk_norm_rope(QkNormRopeArgs const& a) {
+  int const d = dim<D>(a.d_head);
+  std::int64_t const hs = a.head_stride ? a.head_stride : d;
+  std::int64_t const ts = a.token_stride ? a.token_stride : a.n_head * hs;
+  int const half = a.rotary_dim / 2;
+  float const w_offset = a.weight_kind == NormWeight::kZeroCentered ? 1.0f : 0.0f;
+  std::vector<float> inv_freq(static_cast<std::size_t>(half));
+  for (int j = 0; j < half; ++j) inv_freq[static_cast<std::size_t>(j)] = rope_inv_freq(a.theta, j, a.rotary_dim);
+  parallel_for(0, a.n_tokens, std::int64_t{a.n_head} * d * 8, [&](std::int64_t t) {
+    thread_local std::vector<float> cs;
+    cs.resize(static_cast<std::size_t>(2 * half));
+    float const pos = static_cast<float>(a.positions[t]);
+    for (int j = 0; j < half; ++j) {
+      float const ang = pos * inv_freq[static_cast<std::size_t>(j)];
+      cs[static_cast<std::size_t>(2 * j)] = static_cast<float>(std::cos(static_cast<double>(ang)));
+      cs[static_cast<std::size_t>(2 * j + 1)] = static_cast<float>(std::sin(static_cast<double>(ang)));
+    }
+    for (int h = 0; h < a.n_head; ++h) {
+      float const* x = a.x + t * ts + h * hs;
+      float* y = a.y + (t * a.n_head + h) * d;
+      float acc[8] = {};
+      for (int i = 0; i < d; ++i) acc[i % 8] += x[i] * x[i];
+      float const sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      float const inv = 1.0f / std::sqrt(sum / static_cast<float>(d) + a.eps);
+      for (int i = 0; i < d; ++i) y[i] = (x[i] * inv) * (a.weight[i] + w_offset);
+      for (int j = 0; j < half; ++j) {
+        float const c = cs[static_cast<std::size_t>(2 * j)], s = cs[static_cast<std::size_t>(2 * j + 1)];
+        float const x0 = y[j], x1 = y[j + half];
+        y[j] = x0 * c - x1 * s;
+        y[j + half] = x1 * c + x0 * s;
+      }
+    }
+  });
+  return Status::kSuccess;
+}
+
+}  // namespace qflash::kernels::cpu
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_qk_norm_rope(arch::Cpu, QkNormRopeArgs const& a, stream_t) {
+  if (Status s = can_implement_qk_norm_rope<S>(a); s != Status::kSuccess) return s;
+  return cpu::qk_norm_rope<S.d_head>(a);
+}
+
+}  // namespace qflash::kernels

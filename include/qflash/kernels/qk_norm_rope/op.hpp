@@ -1,0 +1,60 @@
+/// @file
+/// The per-head query/key norm of full attention fused with partial NeoX RoPE:
+///   x̂ = x[t, h, :] * rsqrt(mean(x[t, h, :]^2) + eps) * w'     (w' = w or 1 + w, fp32)
+///   y[t, h, :] = rope(x̂, positions[t])   on dims [0, rotary_dim), as kernels/rope/op.hpp
+/// Input heads may be strided (q is read straight out of the [query | gate] projection rows);
+/// the output is dense [n_tokens, n_head, d_head]. RoPE angles are fp32 products
+/// position * inv_freq[j], as the reference model computes them.
+#pragma once
+
+#include <cstdint>
+
+#include "qflash/arch/arch.hpp"
+#include "qflash/core/config.hpp"
+#include "qflash/core/status.hpp"
+#include "qflash/kernels/add_rmsnorm/op.hpp"  // NormWeight
+#include "qflash/spec/moe_spec.hpp"
+
+namespace qflash::kernels {
+
+struct QkNormRopeArgs {
+  float const* x = nullptr;       // [n_tokens, n_head, d_head], strided as below
+  std::int64_t token_stride = 0;  ///< floats between tokens of x; 0: n_head * head_stride
+  std::int64_t head_stride = 0;   ///< floats between heads of x; 0: d_head
+  float const* weight = nullptr;  // [d_head] norm weight shared by the heads
+  float* y = nullptr;             // [n_tokens, n_head, d_head]; may be x when x is dense
+  std::int64_t const* positions = nullptr;  // [n_tokens]
+  std::int64_t n_tokens = 0;
+  int n_head = 0;
+  int d_head = 0;
+  int rotary_dim = 0;  ///< even, <= d_head; 0 skips RoPE
+  float theta = 10000.0f;
+  float eps = 1e-6f;
+  NormWeight weight_kind = NormWeight::kPlain;
+};
+
+/// Checks arguments; d_head is the spec's when static.
+template <MoeSpec S>
+[[nodiscard]] constexpr Status can_implement_qk_norm_rope(QkNormRopeArgs const& a) {
+  if (!a.x || !a.weight || !a.y || !a.positions || a.n_tokens < 0 || a.n_head <= 0 ||
+      a.d_head <= 0 || a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.d_head ||
+      !(a.theta > 0) || !(a.eps >= 0))
+    return Status::kErrorInvalidProblem;
+  std::int64_t const hs = a.head_stride ? a.head_stride : a.d_head;
+  std::int64_t const ts = a.token_stride ? a.token_stride : a.n_head * hs;
+  if (hs < a.d_head || ts < (a.n_head - 1) * hs + a.d_head) return Status::kErrorInvalidProblem;
+  if (a.y == a.x && (hs != a.d_head || ts != a.n_head * hs)) return Status::kErrorInvalidProblem;
+  if (S.d_head != kDynamic && a.d_head != S.d_head) return Status::kErrorInvalidProblem;
+  return Status::kSuccess;
+}
+
+template <MoeSpec S>
+Status launch_qk_norm_rope(arch::Cpu, QkNormRopeArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu>)
+Status launch_qk_norm_rope(Arch, QkNormRopeArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/qk_norm_rope: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
+
+}  // namespace qflash::kernels

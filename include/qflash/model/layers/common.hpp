@@ -1,0 +1,51 @@
+/// @file
+/// What every layer call shares: the ragged batch (each sequence's new tokens, their
+/// positions and caches), the per-call scratch buffers, and the one way a failed launch is
+/// reported. Layers include kernels' op.hpp only; the launchers come from the generated
+/// instances.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "qflash/core/error.hpp"
+#include "qflash/core/status.hpp"
+#include "qflash/model/cache.hpp"
+
+namespace qflash::model {
+
+/// One sequence's new tokens in a batch, and its caches (owned by the runtime).
+struct SequenceChunk {
+  std::span<std::int32_t const> tokens;
+  SequenceState* state = nullptr;
+};
+
+/// A ragged batch laid out as rows: sequence i owns rows [begin[i], begin[i + 1]).
+struct Batch {
+  std::span<SequenceChunk const> seqs;
+  std::vector<std::int64_t> begin;      // [n_seqs + 1]
+  std::vector<std::int64_t> positions;  // [n_tokens]
+  std::vector<std::int32_t> tokens;     // [n_tokens]
+
+  [[nodiscard]] std::int64_t n_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
+  [[nodiscard]] std::int64_t rows_of(std::size_t i) const { return begin[i + 1] - begin[i]; }
+};
+
+/// Per-call fp32 scratch, reused across calls and layers.
+struct Scratch {
+  std::vector<float> proj, q, k, v, o, conv, z, beta, g, router, shared_gate;
+  std::vector<std::int32_t> routes, zero_routes;
+  std::vector<float> route_weights;
+
+  static float* sized(std::vector<float>& v, std::int64_t n) {
+    v.resize(static_cast<std::size_t>(n));
+    return v.data();
+  }
+};
+
+/// Throws Error naming the op when a launcher refused its arguments: a shape the model
+/// handed a kernel that the compiled instance cannot run is a bug or an unsupported model.
+inline void check_launch(Status s, char const* op) { QFLASH_CHECK_STATUS(s, op); }
+
+}  // namespace qflash::model

@@ -1,0 +1,110 @@
+/// @file
+/// The full-attention mixer of both families: q/k/v projections, per-head q/k RMSNorm fused
+/// with partial RoPE, K/V appended to the sequence's cache, causal GQA attention with the
+/// optional sigmoid output gate fused in (qwen3_5_moe: q_proj yields [query | gate] per head),
+/// and the output projection.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "qflash/kernels/attention/op.hpp"
+#include "qflash/kernels/linear/op.hpp"
+#include "qflash/kernels/qk_norm_rope/op.hpp"
+#include "qflash/model/config.hpp"
+#include "qflash/model/layers/common.hpp"
+#include "qflash/model/weights.hpp"
+
+namespace qflash::model {
+
+template <MoeSpec S, class Arch>
+class GatedAttention {
+ public:
+  GatedAttention(ModelConfig const& cfg, AttentionWeights const& w, std::size_t layer,
+                 kernels::NormWeight norm_kind)
+      : cfg_(cfg), w_(w), layer_(layer), norm_kind_(norm_kind) {}
+
+  /// out = Attention(x) for the batch's rows; appends each sequence's K/V to its cache.
+  /// @param x    [n_tokens, d_model] normed input
+  /// @param out  [n_tokens, d_model]
+  void forward(Batch const& batch, float const* x, float* out, Scratch& s) const {
+    int const nh = dim<S.n_head>(cfg_.n_head), nkv = dim<S.n_head_kv>(cfg_.n_head_kv);
+    int const dh = dim<S.d_head>(cfg_.d_head);
+    std::int64_t const T = batch.n_tokens();
+    std::int64_t const q_width = std::int64_t{nh} * dh, kv_width = std::int64_t{nkv} * dh;
+    bool const gated = cfg_.attn_output_gate;
+    int const q_head_stride = gated ? 2 * dh : dh;  // per head [query | gate] when gated
+
+    float* qg = Scratch::sized(s.proj, T * w_.q.rows);
+    float* q = Scratch::sized(s.q, T * q_width);
+    float* k = Scratch::sized(s.k, T * kv_width);
+    float* v = Scratch::sized(s.v, T * kv_width);
+    float* o = Scratch::sized(s.o, T * q_width);
+    project(w_.q, x, T, qg);
+    project(w_.k, x, T, k);
+    project(w_.v, x, T, v);
+    norm_rope(qg, w_.q.rows, q_head_stride, w_.q_norm.data(), q, nh, batch);
+    norm_rope(k, kv_width, dh, w_.k_norm.data(), k, nkv, batch);
+
+    for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
+      std::int64_t const b = batch.begin[i], n = batch.rows_of(i);
+      AttentionCache& cache = batch.seqs[i].state->attention(layer_);
+      cache.k.insert(cache.k.end(), k + b * kv_width, k + (b + n) * kv_width);
+      cache.v.insert(cache.v.end(), v + b * kv_width, v + (b + n) * kv_width);
+      kernels::AttentionArgs a{};
+      a.q = q + b * q_width;
+      a.k = cache.k.data();
+      a.v = cache.v.data();
+      a.out = o + b * q_width;
+      a.n_tokens = n;
+      a.n_ctx = static_cast<std::int64_t>(cache.k.size()) / kv_width;
+      a.n_head = nh;
+      a.n_head_kv = nkv;
+      a.d_head = dh;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(dh));
+      if (gated) {
+        a.gate = qg + b * w_.q.rows + dh;
+        a.gate_token_stride = w_.q.rows;
+        a.gate_head_stride = q_head_stride;
+      }
+      check_launch(kernels::launch_attention<S>(Arch{}, a), "attention");
+    }
+    project(w_.o, o, T, out);
+  }
+
+ private:
+  static void project(WeightView const& w, float const* x, std::int64_t rows, float* y) {
+    kernels::LinearArgs a{};
+    a.w = w;
+    a.x = x;
+    a.y = y;
+    a.n_tokens = rows;
+    check_launch(kernels::launch_linear<S>(Arch{}, a), "linear");
+  }
+
+  void norm_rope(float const* x, std::int64_t token_stride, std::int64_t head_stride,
+                 float const* weight, float* y, int n_head, Batch const& batch) const {
+    kernels::QkNormRopeArgs a{};
+    a.x = x;
+    a.token_stride = token_stride;
+    a.head_stride = head_stride;
+    a.weight = weight;
+    a.y = y;
+    a.positions = batch.positions.data();
+    a.n_tokens = batch.n_tokens();
+    a.n_head = n_head;
+    a.d_head = dim<S.d_head>(cfg_.d_head);
+    a.rotary_dim = cfg_.rotary_dim;
+    a.theta = cfg_.rope_theta;
+    a.eps = cfg_.rms_norm_eps;
+    a.weight_kind = norm_kind_;
+    check_launch(kernels::launch_qk_norm_rope<S>(Arch{}, a), "qk_norm_rope");
+  }
+
+  ModelConfig const& cfg_;
+  AttentionWeights const& w_;
+  std::size_t layer_;
+  kernels::NormWeight norm_kind_;
+};
+
+}  // namespace qflash::model

@@ -1,0 +1,126 @@
+/// @file
+/// The Gated DeltaNet mixer of qwen3_5_moe (MODELS.md §3c): projections, the causal conv over
+/// q|k|v with its carried state, the beta/g gates, the gated delta rule (chunked for prefill,
+/// recurrent for decode) on the sequence's recurrent state, the gated RMSNorm and the output
+/// projection.
+#pragma once
+
+#include <cstdint>
+
+#include "qflash/kernels/causal_conv1d/op.hpp"
+#include "qflash/kernels/gated_delta/op.hpp"
+#include "qflash/kernels/gated_rmsnorm/op.hpp"
+#include "qflash/kernels/gdn_gates/op.hpp"
+#include "qflash/kernels/linear/op.hpp"
+#include "qflash/model/config.hpp"
+#include "qflash/model/layers/common.hpp"
+#include "qflash/model/weights.hpp"
+
+namespace qflash::model {
+
+/// How the delta rule runs a chunk of more than one token.
+struct DeltaRuleOptions {
+  kernels::DeltaRuleForm prefill_form = kernels::DeltaRuleForm::kChunked;
+  int chunk = 64;
+};
+
+template <MoeSpec S, class Arch>
+class GatedDeltaNet {
+ public:
+  GatedDeltaNet(ModelConfig const& cfg, LinearAttentionWeights const& w, std::size_t layer,
+                DeltaRuleOptions opts)
+      : cfg_(cfg), w_(w), layer_(layer), opts_(opts) {}
+
+  /// out = GatedDeltaNet(x) for the batch's rows; advances each sequence's conv and recurrent
+  /// state. @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
+  void forward(Batch const& batch, float const* x, float* out, Scratch& s) const {
+    int const hk = dim<S.n_head_k_linear>(cfg_.n_head_k_linear);
+    int const hv = dim<S.n_head_v_linear>(cfg_.n_head_v_linear);
+    int const dk = dim<S.d_head_k_linear>(cfg_.d_head_k_linear);
+    int const dv = dim<S.d_head_v_linear>(cfg_.d_head_v_linear);
+    std::int64_t const T = batch.n_tokens();
+    std::int64_t const key_dim = std::int64_t{hk} * dk, value_dim = std::int64_t{hv} * dv;
+    std::int64_t const conv_dim = 2 * key_dim + value_dim;
+
+    float* mixed = Scratch::sized(s.proj, T * conv_dim);  // pre-conv q | k | v
+    float* conv = Scratch::sized(s.conv, T * conv_dim);
+    float* z = Scratch::sized(s.z, T * value_dim);
+    float* beta = Scratch::sized(s.beta, T * hv);
+    float* g = Scratch::sized(s.g, T * hv);
+    float* o = Scratch::sized(s.o, T * value_dim);
+    project(w_.qkv, x, T, mixed);
+    project(w_.z, x, T, z);
+    project(w_.b, x, T, beta);
+    project(w_.a, x, T, g);
+
+    kernels::GdnGatesArgs ga{};
+    ga.beta = beta;
+    ga.g = g;
+    ga.dt_bias = w_.dt_bias.data();
+    ga.neg_a = w_.neg_a.data();
+    ga.n_tokens = T;
+    ga.n_head_v = hv;
+    check_launch(kernels::launch_gdn_gates<S>(Arch{}, ga), "gdn_gates");
+
+    for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
+      std::int64_t const b = batch.begin[i], n = batch.rows_of(i);
+      LinearState& st = batch.seqs[i].state->linear(layer_);
+      kernels::CausalConv1dArgs c{};
+      c.x = mixed + b * conv_dim;
+      c.weight = w_.conv.data();
+      c.state = st.conv.data();
+      c.y = conv + b * conv_dim;
+      c.n_tokens = n;
+      c.n_channels = static_cast<int>(conv_dim);
+      c.d_conv = dim<S.d_conv>(cfg_.d_conv);
+      check_launch(kernels::launch_causal_conv1d<S>(Arch{}, c), "causal_conv1d");
+
+      kernels::GatedDeltaArgs a{};
+      float const* rows = conv + b * conv_dim;  // q, k, v read in place from [q | k | v]
+      a.q = rows;
+      a.k = rows + key_dim;
+      a.v = rows + 2 * key_dim;
+      a.q_stride = a.k_stride = a.v_stride = conv_dim;
+      a.g = g + b * hv;
+      a.beta = beta + b * hv;
+      a.state = st.recurrent.data();
+      a.out = o + b * value_dim;
+      a.n_tokens = n;
+      a.n_head_k = hk;
+      a.n_head_v = hv;
+      a.d_k = dk;
+      a.d_v = dv;
+      a.form = n == 1 ? kernels::DeltaRuleForm::kRecurrent : opts_.prefill_form;
+      a.chunk_size = opts_.chunk;
+      check_launch(kernels::launch_gated_delta<S>(Arch{}, a), "gated_delta");
+    }
+
+    kernels::GatedRmsNormArgs gn{};
+    gn.x = o;
+    gn.z = z;
+    gn.weight = w_.norm.data();
+    gn.y = o;
+    gn.n_rows = T * hv;
+    gn.n_cols = dv;
+    gn.eps = cfg_.rms_norm_eps;
+    check_launch(kernels::launch_gated_rmsnorm<S>(Arch{}, gn), "gated_rmsnorm");
+    project(w_.out, o, T, out);
+  }
+
+ private:
+  static void project(WeightView const& w, float const* x, std::int64_t rows, float* y) {
+    kernels::LinearArgs a{};
+    a.w = w;
+    a.x = x;
+    a.y = y;
+    a.n_tokens = rows;
+    check_launch(kernels::launch_linear<S>(Arch{}, a), "linear");
+  }
+
+  ModelConfig const& cfg_;
+  LinearAttentionWeights const& w_;
+  std::size_t layer_;
+  DeltaRuleOptions opts_;
+};
+
+}  // namespace qflash::model

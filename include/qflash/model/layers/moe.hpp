@@ -1,0 +1,82 @@
+/// @file
+/// The MoE block of both families: one GEMV for the router (and the shared-expert gate as its
+/// extra row), softmax/top-k/renormalise with the gate's sigmoid in one op, the routed SwiGLU
+/// experts grouped by expert, and the gated shared expert (qwen3_5_moe).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "qflash/kernels/expert_ffn/op.hpp"
+#include "qflash/kernels/linear/op.hpp"
+#include "qflash/kernels/router_topk/op.hpp"
+#include "qflash/model/config.hpp"
+#include "qflash/model/layers/common.hpp"
+#include "qflash/model/weights.hpp"
+
+namespace qflash::model {
+
+template <MoeSpec S, class Arch>
+class MoeBlock {
+ public:
+  MoeBlock(ModelConfig const& cfg, MoeWeights const& w) : cfg_(cfg), w_(w) {}
+
+  /// out = MoE(x). @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
+  void forward(std::int64_t T, float const* x, float* out, Scratch& s) const {
+    int const n_expert = dim<S.n_expert>(cfg_.n_expert);
+    int const k = dim<S.n_expert_used>(cfg_.n_expert_used);
+    std::int64_t const d = dim<S.d_model>(cfg_.d_model);
+    bool const shared = w_.shared.has_value();
+    float* logits = Scratch::sized(s.router, T * w_.router.rows);
+    s.routes.resize(static_cast<std::size_t>(T * k));
+    float* weights = Scratch::sized(s.route_weights, T * k);
+    float* shared_gate = Scratch::sized(s.shared_gate, T);
+
+    kernels::LinearArgs l{};
+    l.w = w_.router;
+    l.x = x;
+    l.y = logits;
+    l.n_tokens = T;
+    check_launch(kernels::launch_linear<S>(Arch{}, l), "router");
+
+    kernels::RouterTopkArgs r{};
+    r.logits = logits;
+    r.logits_stride = w_.router.rows;
+    r.experts = s.routes.data();
+    r.weights = weights;
+    r.n_tokens = T;
+    r.n_expert = n_expert;
+    r.n_expert_used = k;
+    r.renormalize = cfg_.norm_topk_prob;
+    r.shared_weights = shared ? shared_gate : nullptr;
+    check_launch(kernels::launch_router_topk<S>(Arch{}, r), "router_topk");
+
+    std::fill_n(out, T * d, 0.0f);
+    kernels::ExpertFfnArgs e{};
+    e.experts = w_.experts;
+    e.x = x;
+    e.routes = s.routes.data();
+    e.route_weights = weights;
+    e.out = out;
+    e.n_tokens = T;
+    e.n_expert_used = k;
+    check_launch(kernels::launch_expert_ffn<S>(Arch{}, e), "expert_ffn");
+
+    if (shared) {
+      // Every token through the shared expert, weighted by its sigmoid gate.
+      s.zero_routes.assign(static_cast<std::size_t>(T), 0);
+      e.experts = std::span<ExpertWeights const>(&*w_.shared, 1);
+      e.routes = s.zero_routes.data();
+      e.route_weights = shared_gate;
+      e.n_expert_used = 1;
+      check_launch(kernels::launch_expert_ffn<S>(Arch{}, e), "shared expert");
+    }
+  }
+
+ private:
+  ModelConfig const& cfg_;
+  MoeWeights const& w_;
+};
+
+}  // namespace qflash::model

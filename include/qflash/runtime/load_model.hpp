@@ -1,0 +1,357 @@
+/// @file
+/// The one way to load a model: config.json parsed once, the run-time spec derived once,
+/// SHA256SUMS verified, and every weight of a Hugging Face checkpoint bound in the format the
+/// weight scheme gives it (runtime/weight_plan.hpp). Matrices already stored in their format
+/// are views into the mapped files (no copy); the others are converted or quantized at load
+/// into owned memory, with a progress bar. Name mapping covers both families, both tensor
+/// prefixes (`model.`, `model.language_model.`), both expert layouts (stacked
+/// `experts.gate_up_proj` / `experts.down_proj`, and per-expert), and Qwen's FP8 checkpoints
+/// (`weight_scale_inv` beside each e4m3 weight). Host only.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "qflash/arch/arch.hpp"
+#include "qflash/core/error.hpp"
+#include "qflash/core/log.hpp"
+#include "qflash/core/parallel.hpp"
+#include "qflash/io/checkpoint.hpp"
+#include "qflash/io/checksums.hpp"
+#include "qflash/io/hf_config.hpp"
+#include "qflash/io/progress.hpp"
+#include "qflash/model/model.hpp"
+#include "qflash/numeric/weight_encode.hpp"
+#include "qflash/runtime/dispatch.hpp"
+#include "qflash/runtime/weight_plan.hpp"
+
+namespace qflash::runtime {
+
+struct LoadOptions {
+  WeightScheme weights = WeightScheme::kAuto;  ///< kAuto: as stored (f32, bf16, f16, fp8)
+  bool progress = ::isatty(2) != 0;             ///< load progress bar on stderr
+  bool verify_checksums = true;                 ///< check SHA256SUMS when the directory has one
+  model::ModelOptions model;
+};
+
+/// What the weights' views point into: the mapped checkpoint and the buffers made at load.
+struct WeightStorage {
+  std::unique_ptr<io::Checkpoint> checkpoint;
+  std::deque<std::unique_ptr<std::byte[]>> owned;
+  std::deque<std::vector<float>> scales;  // fp8 scale grids converted to fp32
+
+  std::byte* allocate(std::int64_t bytes) {
+    return owned.emplace_back(std::make_unique<std::byte[]>(static_cast<std::size_t>(bytes))).get();
+  }
+};
+
+/// A loaded model before it is given a compiled spec: config, bound weights, their storage.
+struct LoadedModel {
+  model::ModelConfig config;
+  model::ModelWeights weights;
+  std::shared_ptr<WeightStorage> storage;
+  WeightScheme scheme = WeightScheme::kAuto;
+
+  /// The run-time spec that selects the compiled instance.
+  [[nodiscard]] MoeSpec spec() const { return config.spec(KvScheme::kBf16, model::uniform_format(weights)); }
+
+  /// Resident bytes of the matrices per format (fp8 scales counted once per tensor).
+  [[nodiscard]] std::map<WeightFormat, std::int64_t> bytes_per_format() const {
+    std::map<WeightFormat, std::int64_t> out;
+    weights.for_each_matrix([&](std::string const&, WeightView const& v) { out[v.format] += v.bytes(); });
+    return out;
+  }
+};
+
+namespace detail {
+
+inline WeightFormat stored_format(io::TensorRecord const& t) {
+  switch (t.dtype) {
+    case DType::kF32: return WeightFormat::kF32;
+    case DType::kBF16: return WeightFormat::kBf16;
+    case DType::kF16: return WeightFormat::kF16;
+    case DType::kFp8E4m3: return WeightFormat::kFp8E4m3;
+    default:
+      QFLASH_CHECK(false, *t.file, ": tensor '", t.name, "' has dtype ", to_string(t.dtype),
+                   " (expected F32, BF16, F16 or F8_E4M3 for a weight matrix)");
+  }
+  return WeightFormat::kAny;
+}
+
+/// Binds checkpoint tensors as WeightViews in the scheme's formats.
+class Binder {
+ public:
+  Binder(io::Checkpoint const& ckpt, WeightScheme scheme, WeightStorage& storage, io::Progress* progress)
+      : ckpt_(ckpt), scheme_(scheme), storage_(storage), progress_(progress) {
+    prefix_ = ckpt.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+  }
+
+  [[nodiscard]] std::string const& prefix() const { return prefix_; }
+  [[nodiscard]] bool has(std::string const& name) const { return ckpt_.find(name) != nullptr; }
+
+  /// Rows [rows_begin, rows_begin + rows) of tensor `name` (numel checked against `expected`),
+  /// as a [rows, cols] matrix in the format the scheme gives `role`.
+  WeightView matrix(std::string const& name, WeightRole role, Shape const& expected,
+                    std::int64_t rows_begin, std::int64_t rows, std::int64_t cols) {
+    WeightView const src = source(name, expected, cols).slice_rows(rows_begin, rows);
+    WeightFormat const want = format_for(scheme_, role, cols, src.format);
+    if (want != runtime::detail::wanted_format(scheme_, role, src.format)) ++fallbacks_[want];
+    if (want == src.format && aligned(src)) return src;
+    return convert(src, want);
+  }
+  WeightView matrix(std::string const& name, WeightRole role, std::int64_t rows, std::int64_t cols) {
+    return matrix(name, role, Shape{rows, cols}, 0, rows, cols);
+  }
+
+  /// A whole tensor as fp32, shape checked. In the bf16 scheme its values are rounded to bf16
+  /// too (what casting the whole model to bf16 gives), unless `keep_precision`: Qwen3.6
+  /// checkpoints keep A_log in f32.
+  std::vector<float> vector(std::string const& name, Shape const& expected, bool keep_precision = false) {
+    io::TensorRecord const& t = get(name, expected);
+    std::vector<float> out(static_cast<std::size_t>(t.shape.numel()));
+    io::read_f32(t, out);
+    if (scheme_ == WeightScheme::kBf16 && !keep_precision)
+      for (float& x : out) x = round_to_bf16(x);
+    return out;
+  }
+
+  /// Rows of `a` then rows of `b` as one matrix (same width), in a's format when they share
+  /// it, else f32: the router and the shared-expert gate as one GEMV.
+  WeightView stack(WeightView const& a, WeightView const& b) {
+    WeightFormat const f = a.format == b.format && a.format != WeightFormat::kFp8E4m3 ? a.format : WeightFormat::kF32;
+    WeightView out{f, nullptr, a.rows + b.rows, a.cols};
+    std::byte* dst = storage_.allocate(out.bytes());
+    out.data = dst;
+    copy_rows(a, f, dst);
+    copy_rows(b, f, dst + a.rows * out.row_bytes());
+    return out;
+  }
+
+  /// Names of checkpoint tensors no binding asked for.
+  [[nodiscard]] std::vector<std::string> unused() const {
+    std::vector<std::string> out;
+    for (auto const& n : ckpt_.names())
+      if (!used_.count(n)) out.push_back(n);
+    return out;
+  }
+
+  /// Matrices bound in another format than the scheme names (row widths it cannot hold).
+  [[nodiscard]] std::map<WeightFormat, int> const& fallbacks() const { return fallbacks_; }
+
+ private:
+  io::TensorRecord const& get(std::string const& name, Shape const& expected) {
+    io::TensorRecord const& t = ckpt_.get(name, expected);
+    if (used_.insert(name).second && progress_) progress_->advance(t.data.size());
+    return t;
+  }
+
+  /// The whole stored tensor as a view [numel / cols, cols], with its fp8 scales.
+  WeightView source(std::string const& name, Shape const& expected, std::int64_t cols) {
+    io::TensorRecord const& t = get(name, expected);
+    WeightView v{stored_format(t), t.data.data(), t.shape.numel() / cols, cols};
+    if (v.format == WeightFormat::kFp8E4m3) {
+      std::string const scale_name = name + "_scale_inv";
+      io::TensorRecord const* s = ckpt_.find(scale_name);
+      QFLASH_CHECK(s, *t.file, ": fp8 tensor '", name, "' has no '", scale_name, "' (128x128 block scales)");
+      Shape const grid{fp8_scale_blocks(v.rows), fp8_scale_blocks(cols)};
+      io::TensorRecord const& sr = get(scale_name, grid);
+      auto& f32 = storage_.scales.emplace_back(static_cast<std::size_t>(grid.numel()));
+      io::read_f32(sr, f32);
+      v.scales = f32.data();
+    }
+    return v;
+  }
+
+  static bool aligned(WeightView const& v) {
+    auto const a = reinterpret_cast<std::uintptr_t>(v.data);
+    return v.format == WeightFormat::kF32 ? a % 4 == 0 : a % 2 == 0;
+  }
+
+  /// Every row of `src` decoded and re-encoded in `f`, into dst (rows * row_bytes(f)).
+  static void copy_rows(WeightView const& src, WeightFormat f, std::byte* dst) {
+    std::int64_t const rb = row_bytes(f, src.cols);
+    parallel_for(0, src.rows, src.cols * 8, [&](std::int64_t r) {
+      thread_local std::vector<float> row;
+      row.resize(static_cast<std::size_t>(src.cols));
+      dequantize_row(src, r, row.data());
+      encode_row(f, row.data(), src.cols, dst + r * rb);
+    });
+  }
+
+  /// `src` converted to format `want` in owned memory.
+  WeightView convert(WeightView const& src, WeightFormat want) {
+    WeightView out{want, nullptr, src.rows, src.cols};
+    std::byte* dst = storage_.allocate(out.bytes());
+    out.data = dst;
+    if (want != WeightFormat::kFp8E4m3) {
+      copy_rows(src, want, dst);
+      return out;
+    }
+    // fp8: the matrix gets its own 128x128 scale grid.
+    std::vector<float> dense(static_cast<std::size_t>(src.rows * src.cols));
+    parallel_for(0, src.rows, src.cols * 8,
+                 [&](std::int64_t r) { dequantize_row(src, r, dense.data() + r * src.cols); });
+    auto& grid = storage_.scales.emplace_back(static_cast<std::size_t>(fp8_scale_blocks(src.rows) * fp8_scale_blocks(src.cols)));
+    quantize_fp8_block(dense.data(), src.rows, src.cols, reinterpret_cast<std::uint8_t*>(dst), grid.data());
+    out.scales = grid.data();
+    return out;
+  }
+
+  io::Checkpoint const& ckpt_;
+  WeightScheme scheme_;
+  WeightStorage& storage_;
+  io::Progress* progress_;
+  std::string prefix_;
+  std::set<std::string> used_;
+  std::map<WeightFormat, int> fallbacks_;
+};
+
+/// Binds every weight the forward pass needs; throws Error naming the file and tensor on a
+/// missing tensor or a wrong shape. Vision and MTP tensors are skipped with one log line.
+inline model::ModelWeights bind_weights(model::ModelConfig const& c, Binder& wb) {
+  using model::ExpertWeights;
+  std::int64_t const d = c.d_model;
+  std::string const& P = wb.prefix();
+  model::ModelWeights m;
+  m.embed = wb.matrix(P + "embed_tokens.weight", WeightRole::kEmbedding, c.vocab, d);
+  m.final_norm = wb.vector(P + "norm.weight", Shape{d});
+  if (c.tie_word_embeddings && !wb.has("lm_head.weight"))
+    m.lm_head = m.embed;
+  else
+    m.lm_head = wb.matrix("lm_head.weight", WeightRole::kLmHead, c.vocab, d);
+
+  std::int64_t const n_expert = c.n_expert, d_ff = c.d_ff_expert;
+  for (int l = 0; l < c.n_layer; ++l) {
+    std::string const L = P + "layers." + std::to_string(l) + ".";
+    model::LayerWeights& w = m.layers.emplace_back();
+    w.kind = c.layer_types[static_cast<std::size_t>(l)];
+    w.input_norm = wb.vector(L + "input_layernorm.weight", Shape{d});
+    w.post_norm = wb.vector(L + "post_attention_layernorm.weight", Shape{d});
+    if (w.kind == model::LayerKind::kFullAttention) {
+      std::string const A = L + "self_attn.";
+      std::int64_t const q_rows = std::int64_t{c.n_head} * c.d_head * (c.attn_output_gate ? 2 : 1);
+      std::int64_t const kv_rows = std::int64_t{c.n_head_kv} * c.d_head;
+      w.attention.q = wb.matrix(A + "q_proj.weight", WeightRole::kAttentionQkv, q_rows, d);
+      w.attention.k = wb.matrix(A + "k_proj.weight", WeightRole::kAttentionQkv, kv_rows, d);
+      w.attention.v = wb.matrix(A + "v_proj.weight", WeightRole::kAttentionV, kv_rows, d);
+      w.attention.o = wb.matrix(A + "o_proj.weight", WeightRole::kAttentionOut, d, std::int64_t{c.n_head} * c.d_head);
+      w.attention.q_norm = wb.vector(A + "q_norm.weight", Shape{c.d_head});
+      w.attention.k_norm = wb.vector(A + "k_norm.weight", Shape{c.d_head});
+    } else {
+      std::string const A = L + "linear_attn.";
+      std::int64_t const key_dim = std::int64_t{c.n_head_k_linear} * c.d_head_k_linear;
+      std::int64_t const value_dim = std::int64_t{c.n_head_v_linear} * c.d_head_v_linear;
+      std::int64_t const conv_dim = 2 * key_dim + value_dim;
+      w.linear.qkv = wb.matrix(A + "in_proj_qkv.weight", WeightRole::kDeltaNetIn, conv_dim, d);
+      w.linear.z = wb.matrix(A + "in_proj_z.weight", WeightRole::kDeltaNetIn, value_dim, d);
+      w.linear.b = wb.matrix(A + "in_proj_b.weight", WeightRole::kDeltaNetIn, c.n_head_v_linear, d);
+      w.linear.a = wb.matrix(A + "in_proj_a.weight", WeightRole::kDeltaNetIn, c.n_head_v_linear, d);
+      w.linear.out = wb.matrix(A + "out_proj.weight", WeightRole::kDeltaNetOut, d, value_dim);
+      w.linear.conv = wb.vector(A + "conv1d.weight", Shape{conv_dim, 1, c.d_conv});
+      w.linear.dt_bias = wb.vector(A + "dt_bias", Shape{c.n_head_v_linear});
+      w.linear.neg_a = wb.vector(A + "A_log", Shape{c.n_head_v_linear}, /*keep_precision=*/true);
+      for (float& x : w.linear.neg_a) x = -std::exp(x);
+      w.linear.norm = wb.vector(A + "norm.weight", Shape{c.d_head_v_linear});
+    }
+    std::string const M = L + "mlp.";
+    WeightView const router = wb.matrix(M + "gate.weight", WeightRole::kRouter, n_expert, d);
+    if (wb.has(M + "experts.gate_up_proj")) {
+      Shape const gu{n_expert, 2 * d_ff, d}, dn{n_expert, d, d_ff};
+      for (std::int64_t e = 0; e < n_expert; ++e)
+        w.moe.experts.push_back(
+            {wb.matrix(M + "experts.gate_up_proj", WeightRole::kExpert, gu, e * 2 * d_ff, d_ff, d),
+             wb.matrix(M + "experts.gate_up_proj", WeightRole::kExpert, gu, e * 2 * d_ff + d_ff, d_ff, d),
+             wb.matrix(M + "experts.down_proj", WeightRole::kExpert, dn, e * d, d, d_ff)});
+    } else {
+      for (std::int64_t e = 0; e < n_expert; ++e) {
+        std::string const E = M + "experts." + std::to_string(e) + ".";
+        w.moe.experts.push_back({wb.matrix(E + "gate_proj.weight", WeightRole::kExpert, d_ff, d),
+                                 wb.matrix(E + "up_proj.weight", WeightRole::kExpert, d_ff, d),
+                                 wb.matrix(E + "down_proj.weight", WeightRole::kExpert, d, d_ff)});
+      }
+    }
+    if (c.d_ff_shared > 0) {
+      std::string const S = M + "shared_expert.";
+      w.moe.shared = ExpertWeights{wb.matrix(S + "gate_proj.weight", WeightRole::kSharedExpert, c.d_ff_shared, d),
+                                   wb.matrix(S + "up_proj.weight", WeightRole::kSharedExpert, c.d_ff_shared, d),
+                                   wb.matrix(S + "down_proj.weight", WeightRole::kSharedExpert, d, c.d_ff_shared)};
+      w.moe.router = wb.stack(router, wb.matrix(M + "shared_expert_gate.weight", WeightRole::kRouter, 1, d));
+    } else {
+      w.moe.router = router;
+    }
+  }
+
+  std::size_t skipped = 0;
+  std::vector<std::string> unknown;
+  for (auto const& n : wb.unused()) {
+    if (n.starts_with("mtp.") || n.starts_with("model.visual.") || n.starts_with("visual."))
+      ++skipped;
+    else
+      unknown.push_back(n);
+  }
+  if (skipped) QFLASH_LOG_INFO("skipped ", skipped, " vision/MTP tensors (not used by the text model)");
+  if (!unknown.empty())
+    QFLASH_LOG_WARN(unknown.size(), " checkpoint tensors are not used, e.g. '", unknown.front(), "'");
+  for (auto const& [f, n] : wb.fallbacks())
+    QFLASH_LOG_INFO(n, " matrices bound as ", to_string(f),
+                    " instead: their row width does not fit the scheme's block format");
+  return m;
+}
+
+}  // namespace detail
+
+/// Loads a Hugging Face model directory; throws Error naming the file and field/tensor.
+inline LoadedModel load_model(std::string const& dir, LoadOptions const& opts = {}) {
+  if (opts.verify_checksums && io::has_checksums(dir)) io::verify_checksums(dir);
+  LoadedModel m;
+  m.config = io::load_config(dir);
+  m.scheme = opts.weights;
+  m.storage = std::make_shared<WeightStorage>();
+  m.storage->checkpoint = std::make_unique<io::Checkpoint>(io::Checkpoint::open(dir));
+  io::Checkpoint const& ckpt = *m.storage->checkpoint;
+  QFLASH_CHECK(ckpt.has_weights(), dir, ": no weights (model.safetensors or its index) found");
+  io::Progress progress("loading " + ckpt.dir(), ckpt.weight_bytes(), opts.progress);
+  detail::Binder binder(ckpt, opts.weights, *m.storage, &progress);
+  m.weights = detail::bind_weights(m.config, binder);
+  progress.finish();
+  return m;
+}
+
+/// The model as compiled spec S on Arch (throws when S does not run it).
+template <MoeSpec S, class Arch = arch::Cpu>
+std::unique_ptr<model::Model<S, Arch>> make_model(LoadedModel m, model::ModelOptions const& opts = {}) {
+  return std::make_unique<model::Model<S, Arch>>(std::move(m.config), std::move(m.weights),
+                                                 std::move(m.storage), opts);
+}
+
+/// load_model, then make_model<S, Arch>.
+template <MoeSpec S, class Arch = arch::Cpu>
+std::unique_ptr<model::Model<S, Arch>> load_model_as(std::string const& dir, LoadOptions const& opts = {}) {
+  return make_model<S, Arch>(load_model(dir, opts), opts.model);
+}
+
+/// Builds the model as the compiled spec that runs it (runtime/dispatch.hpp: an exact static
+/// instance, else a dynamic one with one log line naming the spec to build) and calls
+/// fn(model). Throws when no compiled spec runs it.
+template <class Arch = arch::Cpu, class Fn>
+void with_model(LoadedModel m, model::ModelOptions const& opts, Fn&& fn) {
+  MoeSpec const rt = m.spec();
+  std::string const source = m.config.source;
+  Status const s = dispatch_spec(rt, [&](auto spec) {
+    auto model = make_model<decltype(spec)::value, Arch>(std::move(m), opts);
+    fn(*model);
+    return Status::kSuccess;
+  });
+  QFLASH_CHECK(s == Status::kSuccess, source, ": no compiled instance runs this model (", to_string(s),
+               "); compiled specs: ", compiled_spec_names());
+}
+
+}  // namespace qflash::runtime

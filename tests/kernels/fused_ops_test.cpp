@@ -1,0 +1,193 @@
+// The ops that took the model's inline math: qk_norm_rope (strided q heads, static and
+// dynamic d_head), gdn_gates, embedding in every weight format, attention's output gate and
+// the router's shared-expert gate column, each against its scalar reference.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "qflash/kernels/attention/cpu.hpp"
+#include "qflash/kernels/attention/ref.hpp"
+#include "qflash/kernels/embedding/cpu.hpp"
+#include "qflash/kernels/gdn_gates/cpu.hpp"
+#include "qflash/kernels/gdn_gates/ref.hpp"
+#include "qflash/kernels/qk_norm_rope/cpu.hpp"
+#include "qflash/kernels/qk_norm_rope/ref.hpp"
+#include "qflash/kernels/router_topk/cpu.hpp"
+#include "qflash/kernels/router_topk/ref.hpp"
+#include "qflash/numeric/weight_encode.hpp"
+#include "qflash/spec/presets.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+using namespace qflash;
+using namespace qflash::kernels;
+using qflash::test::all_close;
+using qflash::test::Tolerance;
+
+TEST_CASE("qk_norm_rope: strided heads, both weight kinds, static and generic d_head") {
+  // fp32 angles at position 4095 differ from fp64 ones by up to ~2e-4 rad (as rope's test);
+  // the norm is fp32 against fp64.
+  constexpr Tolerance kTol{5e-4, 1e-5};
+  int const n_tok = 6, n_head = 4, d_head = 32;  // qwen3_5_moe_tiny's d_head
+  for (int stride_factor : {1, 2})
+    for (auto kind : {NormWeight::kPlain, NormWeight::kZeroCentered})
+      for (int rotary : {0, 8, 32}) {
+        CAPTURE(stride_factor);
+        CAPTURE(rotary);
+        std::int64_t const hs = std::int64_t{d_head} * stride_factor;
+        auto x = test::random_floats(static_cast<std::size_t>(n_tok * n_head * hs), 21, -3, 3);
+        auto w = test::random_floats(static_cast<std::size_t>(d_head), 22, -0.5f, 1.5f);
+        std::vector<std::int64_t> pos{0, 1, 7, 100, 1000, 4095};
+        std::vector<float> y(static_cast<std::size_t>(n_tok * n_head * d_head)), ref_y(y), y_static(y);
+        QkNormRopeArgs a{};
+        a.x = x.data();
+        a.head_stride = hs;
+        a.weight = w.data();
+        a.positions = pos.data();
+        a.n_tokens = n_tok;
+        a.n_head = n_head;
+        a.d_head = d_head;
+        a.rotary_dim = rotary;
+        a.theta = 1e6f;
+        a.weight_kind = kind;
+        a.y = ref_y.data();
+        ref::qk_norm_rope(a);
+        a.y = y.data();
+        REQUIRE(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+        auto r = all_close<float, float>(y, ref_y, kTol);
+        CHECK_MESSAGE(r.ok, r.report);
+        a.y = y_static.data();
+        REQUIRE(launch_qk_norm_rope<spec::qwen3_5_moe_tiny>(arch::Cpu{}, a) == Status::kSuccess);
+        CHECK(y_static == y);
+      }
+  QkNormRopeArgs bad{};
+  CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, bad) == Status::kErrorInvalidProblem);
+  std::vector<float> x(64), w(16), y(64);
+  std::vector<std::int64_t> pos{0};
+  QkNormRopeArgs a{};
+  a.x = x.data();
+  a.weight = w.data();
+  a.y = y.data();
+  a.positions = pos.data();
+  a.n_tokens = 1;
+  a.n_head = 4;
+  a.d_head = 16;
+  CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+  CHECK(launch_qk_norm_rope<spec::qwen3_5_moe_tiny>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);  // d_head 32
+  a.head_stride = 32;
+  a.y = x.data();  // in place needs dense heads
+  CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+}
+
+TEST_CASE("gdn_gates: sigmoid and softplus decay equal the fp64 reference") {
+  int const n_tok = 9, hv = 8;
+  auto b = test::random_floats(static_cast<std::size_t>(n_tok * hv), 31, -30, 30);
+  auto a_in = test::random_floats(static_cast<std::size_t>(n_tok * hv), 32, -30, 30);
+  auto dt = test::random_floats(static_cast<std::size_t>(hv), 33, -1, 1);
+  auto neg_a = test::random_floats(static_cast<std::size_t>(hv), 34, -4, -0.01f);
+  auto beta = b, g = a_in, beta_ref = b, g_ref = a_in;
+  GdnGatesArgs args{};
+  args.dt_bias = dt.data();
+  args.neg_a = neg_a.data();
+  args.n_tokens = n_tok;
+  args.n_head_v = hv;
+  args.beta = beta_ref.data();
+  args.g = g_ref.data();
+  ref::gdn_gates(args);
+  args.beta = beta.data();
+  args.g = g.data();
+  REQUIRE(launch_gdn_gates<spec::generic>(arch::Cpu{}, args) == Status::kSuccess);
+  auto r = all_close<float, float>(beta, beta_ref, Tolerance{1e-6, 1e-6});
+  CHECK_MESSAGE(r.ok, r.report);
+  r = all_close<float, float>(g, g_ref, Tolerance{1e-6, 1e-5});
+  CHECK_MESSAGE(r.ok, r.report);
+  for (float v : g) CHECK(v <= 0.0f);
+  CHECK(launch_gdn_gates<spec::qwen3_5_moe_tiny>(arch::Cpu{}, args) == Status::kErrorInvalidProblem);  // 4 heads
+}
+
+TEST_CASE("embedding: rows decode as the format's dequantization; bad ids are refused") {
+  int const vocab = 11, d = 256;
+  auto table = test::random_floats(static_cast<std::size_t>(vocab * d), 41);
+  std::vector<std::int32_t> tokens{3, 0, 10, 3};
+  for (WeightFormat f : kAllWeightFormats) {
+    CAPTURE(to_string(f));
+    auto m = encode_matrix(f, table.data(), vocab, d);
+    std::vector<float> y(tokens.size() * d), want(d);
+    EmbeddingArgs a{};
+    a.table = m.view;
+    a.tokens = tokens.data();
+    a.y = y.data();
+    a.n_tokens = static_cast<std::int64_t>(tokens.size());
+    REQUIRE(launch_embedding<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+    for (std::size_t t = 0; t < tokens.size(); ++t) {
+      dequantize_row(m.view, tokens[t], want.data());
+      CHECK(std::vector<float>(y.begin() + static_cast<std::ptrdiff_t>(t * d), y.begin() + static_cast<std::ptrdiff_t>((t + 1) * d)) == want);
+    }
+    tokens[1] = vocab;
+    CHECK(launch_embedding<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+    tokens[1] = 0;
+  }
+}
+
+TEST_CASE("attention: the fused output gate equals the reference") {
+  int const n_tok = 5, n_head = 4, n_kv = 2, d = 32;
+  auto q = test::random_floats(static_cast<std::size_t>(n_tok * n_head * d), 51, -2, 2);
+  auto k = test::random_floats(static_cast<std::size_t>(n_tok * n_kv * d), 52, -2, 2);
+  auto v = test::random_floats(static_cast<std::size_t>(n_tok * n_kv * d), 53);
+  // The gate lies in [query | gate] rows, as q_proj of qwen3_5_moe gives it.
+  auto gate_rows = test::random_floats(static_cast<std::size_t>(n_tok * n_head * 2 * d), 54, -4, 4);
+  std::vector<float> out(q.size()), ref_out(q.size()), out_static(q.size());
+  AttentionArgs a{};
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.n_tokens = n_tok;
+  a.n_ctx = n_tok;
+  a.n_head = n_head;
+  a.n_head_kv = n_kv;
+  a.d_head = d;
+  a.scale = 0.2f;
+  a.gate = gate_rows.data() + d;
+  a.gate_token_stride = n_head * 2 * d;
+  a.gate_head_stride = 2 * d;
+  a.out = ref_out.data();
+  ref::attention(a);
+  a.out = out.data();
+  REQUIRE(launch_attention<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+  auto r = all_close<float, float>(out, ref_out, Tolerance{2e-5, 1e-5});
+  CHECK_MESSAGE(r.ok, r.report);
+  a.out = out_static.data();
+  REQUIRE(launch_attention<spec::qwen3_5_moe_tiny>(arch::Cpu{}, a) == Status::kSuccess);
+  CHECK(out_static == out);
+  a.gate_token_stride = 4;  // shorter than a token's gates
+  CHECK(launch_attention<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+}
+
+TEST_CASE("router_topk: the shared-expert gate column is the sigmoid of its logit") {
+  int const n_tok = 4, n_expert = 8, k = 2;
+  auto logits = test::random_floats(static_cast<std::size_t>(n_tok * (n_expert + 1)), 61, -6, 6);
+  std::vector<std::int32_t> e(static_cast<std::size_t>(n_tok * k)), e_ref(e.size());
+  std::vector<float> w(e.size()), w_ref(e.size()), sg(n_tok), sg_ref(n_tok);
+  RouterTopkArgs a{};
+  a.logits = logits.data();
+  a.logits_stride = n_expert + 1;
+  a.n_tokens = n_tok;
+  a.n_expert = n_expert;
+  a.n_expert_used = k;
+  a.experts = e_ref.data();
+  a.weights = w_ref.data();
+  a.shared_weights = sg_ref.data();
+  ref::router_topk(a);
+  a.experts = e.data();
+  a.weights = w.data();
+  a.shared_weights = sg.data();
+  REQUIRE(launch_router_topk<spec::qwen3_5_moe_tiny>(arch::Cpu{}, a) == Status::kSuccess);
+  CHECK(e == e_ref);
+  auto r = all_close<float, float>(sg, sg_ref, Tolerance{1e-6, 1e-6});
+  CHECK_MESSAGE(r.ok, r.report);
+  r = all_close<float, float>(w, w_ref, Tolerance{1e-6, 1e-5});
+  CHECK_MESSAGE(r.ok, r.report);
+  a.logits_stride = n_expert;  // no room for the gate column
+  CHECK(launch_router_topk<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+}

@@ -7,6 +7,10 @@ Writes (see tools/README.md and each reference.json for the exact meaning of eve
   tests/fixtures/qwen3_5_moe_tiny/     Qwen3_5MoeForCausalLM (model_type qwen3_5_moe_text), fp32,
                                        exactly as save_pretrained writes it
   tests/fixtures/qwen3_moe_tiny/       Qwen3MoeForCausalLM (model_type qwen3_moe), fp32, save_pretrained
+  tests/fixtures/qwen3_5_moe_256/      Qwen3_5MoeForCausalLM with every matrix width a multiple of 256 (so
+                                       llama-quantize can make Q4_K/Q6_K of it: tools/make_gguf_fixtures.py),
+                                       2 layers (linear, full), weights rounded to bf16 and stored BF16
+                                       (A_log F32), save_pretrained; config.json adds full_attention_interval
   tests/fixtures/qwen3_5_moe_tiny_vl/  same text weights as qwen3_5_moe_tiny, re-laid-out like the
                                        published Qwen3.5/3.6 checkpoints: model_type qwen3_5_moe with
                                        text_config, model.language_model.* names, stacked experts, BF16
@@ -50,7 +54,7 @@ from transformers import (
 
 # ----------------------------------------------------------------------------- settings
 PROMPT_SEED = 1234
-FIRST_MODEL_SEED = {"qwen3_5_moe": 1000, "qwen3_moe": 2000}
+FIRST_MODEL_SEED = {"qwen3_5_moe": 1000, "qwen3_moe": 2000, "qwen3_5_moe_256": 3000}
 MAX_ATTEMPTS = 200
 PROMPT_LENGTHS = [1, 10, 80]  # prompt 2 (80 tokens) crosses the 64-token DeltaNet chunk
 GREEDY_PROMPT = 1
@@ -105,6 +109,35 @@ def q35_text_config_kwargs():
     )
 
 
+def q35_256_config_kwargs():
+    """qwen3_5_moe whose every projection has an input width (ggml ne[0]) that is a multiple of 256:
+    hidden 256, 4 x 64 attention heads, 4 x 64 DeltaNet value heads, expert and shared-expert FFN 256."""
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,  # 4 x 64 = 256 = attn_output's ne[0]
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,  # 4 x 64 = 256 = ssm_out's ne[0]
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters=dict(ROPE_Q35, mrope_section=[3, 3, 2]),  # head_dim 64 -> 16 rotary dims
+        bos_token_id=EOS_Q35,
+        eos_token_id=EOS_Q35,
+    )
+
+
 def q3_config_kwargs():
     return dict(
         vocab_size=VOCAB,
@@ -132,6 +165,9 @@ def q3_config_kwargs():
 def make_model(kind):
     if kind == "qwen3_5_moe":
         cfg = Qwen3_5MoeTextConfig(**q35_text_config_kwargs())
+        cls = Qwen3_5MoeForCausalLM
+    elif kind == "qwen3_5_moe_256":
+        cfg = Qwen3_5MoeTextConfig(**q35_256_config_kwargs())
         cls = Qwen3_5MoeForCausalLM
     else:
         cfg = Qwen3MoeConfig(**q3_config_kwargs())
@@ -436,11 +472,14 @@ def write_reference(out_dir, model, prompts, res, seed, attempts, extra_json, wi
     return ref
 
 
-def find_seed(kind, prompts, also_bf16=False):
+def find_seed(kind, prompts, also_bf16=False, bf16_master=False):
+    """bf16_master: the weights themselves are rounded to bf16 (A_log excepted) before evaluating"""
     seed = FIRST_MODEL_SEED[kind]
     for attempt in range(1, MAX_ATTEMPTS + 1):
         model = make_model(kind)
-        randomise(model, kind, seed)
+        randomise(model, "qwen3_5_moe" if kind == "qwen3_5_moe_256" else kind, seed)
+        if bf16_master:
+            round_to_bf16_like_vl(model)
         ok, res, reasons = evaluate(model, prompts)
         res_bf16 = None
         if ok and also_bf16:
@@ -466,6 +505,38 @@ def save_plain(model, out_dir):
     # round-trip: transformers must reload it to identical weights
     cls = type(model)
     m2 = cls.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager")
+    sd1, sd2 = model.state_dict(), m2.state_dict()
+    assert sd1.keys() == sd2.keys()
+    for k in sd1:
+        assert torch.equal(sd1[k], sd2[k]), k
+
+
+def save_bf16(model, out_dir, extra_config):
+    """save_pretrained with every parameter stored BF16 except A_log (F32, as in the published
+    checkpoints); the fp32 `model` must already hold bf16-representable values. `extra_config` is
+    merged into config.json (keys transformers does not write back, e.g. full_attention_interval)."""
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    m = make_model("qwen3_5_moe_256")
+    m.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if not name.endswith("A_log"):
+                p.data = p.data.to(torch.bfloat16)
+    m.config.dtype = "bfloat16"
+    m.save_pretrained(out_dir)
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config.update(extra_config)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    dtypes = {r[1] for r in tensor_summary(os.path.join(out_dir, "model.safetensors"))}
+    assert dtypes == {"BF16", "F32"}, dtypes
+    # round-trip: loaded in fp32, the weights must be exactly the bf16-rounded master weights
+    m2 = type(model).from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager")
+    assert m2.config.layer_types == model.config.layer_types
     sd1, sd2 = model.state_dict(), m2.state_dict()
     assert sd1.keys() == sd2.keys()
     for k in sd1:
@@ -629,23 +700,45 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                                   "fixtures"))
-    ap.add_argument("--only", choices=["qwen3_5_moe", "qwen3_moe"], default=None)
+    ap.add_argument("--only", choices=["qwen3_5_moe", "qwen3_moe", "qwen3_5_moe_256"], default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)  # reproducible reduction order
     torch.use_deterministic_algorithms(True)
     out_root = os.path.abspath(args.out)
     prompts = make_prompts()
 
-    kinds = [args.only] if args.only else ["qwen3_5_moe", "qwen3_moe"]
+    kinds = [args.only] if args.only else ["qwen3_5_moe", "qwen3_moe", "qwen3_5_moe_256"]
     for kind in kinds:
-        model, res, _, seed, attempts = find_seed(kind, prompts, also_bf16=(kind == "qwen3_5_moe"))
-        out_dir = os.path.join(out_root, f"{kind}_tiny")
-        save_plain(model, out_dir)
-        extra = {
-            "checkpoint_note": ("model.safetensors/config.json/generation_config.json written by "
-                                f"{type(model).__name__}.save_pretrained() (fp32) and verified to reload "
-                                "bit-identically with from_pretrained()."),
-        }
+        q256 = kind == "qwen3_5_moe_256"
+        model, res, _, seed, attempts = find_seed(kind, prompts, also_bf16=(kind == "qwen3_5_moe"),
+                                                  bf16_master=q256)
+        if q256:
+            out_dir = os.path.join(out_root, kind)
+            # llama.cpp's converter ignores layer_types and places full attention every
+            # full_attention_interval layers (default 4), which transformers does not save.
+            save_bf16(model, out_dir, {"full_attention_interval": 2})
+            extra = {
+                "checkpoint_note": ("model.safetensors/config.json/generation_config.json written by "
+                                    f"{type(model).__name__}.save_pretrained() with every parameter cast to "
+                                    "bfloat16 except linear_attn.A_log (float32); config.json gets "
+                                    "full_attention_interval = 2 (for llama.cpp's converter, which ignores "
+                                    "layer_types). Verified to reload in fp32 bit-identically to the weights "
+                                    "the reference ran on."),
+                "weights_note": ("The random weights were rounded to bfloat16 (round-to-nearest-even; A_log "
+                                 "not rounded) BEFORE the reference outputs were computed, in float32, so the "
+                                 "BF16 checkpoint holds exactly the weights the reference used."),
+                "purpose": ("every matrix input width (ggml ne[0]) is a multiple of 256, so llama-quantize "
+                            "can store every quantizable tensor as Q4_K / Q6_K / Q8_0 "
+                            "(tests/fixtures/gguf/, tools/make_gguf_fixtures.py)"),
+            }
+        else:
+            out_dir = os.path.join(out_root, f"{kind}_tiny")
+            save_plain(model, out_dir)
+            extra = {
+                "checkpoint_note": ("model.safetensors/config.json/generation_config.json written by "
+                                    f"{type(model).__name__}.save_pretrained() (fp32) and verified to reload "
+                                    "bit-identically with from_pretrained()."),
+            }
         write_reference(out_dir, model, prompts, res, seed, attempts, extra)
         dirs = [out_dir]
         if kind == "qwen3_5_moe":

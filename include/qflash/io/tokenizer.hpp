@@ -14,6 +14,9 @@
 /// as `tokenizers` does; `StreamDecoder` does the same incrementally, never emitting half a
 /// character.
 ///
+/// `Tokenizer::from_gguf` builds the same tokenizer from a llama.cpp GGUF file's
+/// `tokenizer.ggml.*` metadata (see there for how the fields map and what is lost).
+///
 /// Needs PCRE2 (libpcre2-8) and utf8proc at link time, nlohmann-json at compile time.
 #pragma once
 
@@ -21,6 +24,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,6 +40,7 @@
 #include "qflash/io/detail/regex.hpp"
 #include "qflash/io/detail/unicode.hpp"
 #include "qflash/io/detail/utf8.hpp"
+#include "qflash/io/gguf.hpp"
 #include "qflash/io/json.hpp"
 
 namespace qflash::io {
@@ -102,6 +107,28 @@ struct EncodeScratch {
 inline constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+/// The `Split` regexes of the Qwen tokenizer.json files, by llama.cpp pre-tokenizer name
+/// (`tokenizer.ggml.pre`). llama.cpp's own copies (src/llama-vocab.cpp) spell `(?i:'s|...)`
+/// as `'[sS]|...`, which can differ on non-ASCII case folds; these are the originals.
+struct GgufPreTokenizer {
+  std::string_view name;
+  std::string_view pattern;
+};
+inline constexpr GgufPreTokenizer kGgufPreTokenizers[] = {
+    // Qwen2 / Qwen2.5 / Qwen3 (transformers models/qwen2/tokenization_qwen2.py)
+    {"qwen2",
+     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
+    // Qwen3.5 / Qwen3.6 (transformers models/qwen3_5/tokenization_qwen3_5.py): letters with
+    // their combining marks
+    {"qwen35",
+     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
+};
+
+/// llama.cpp token types (gguf-py constants.py TokenType).
+enum class GgufTokenType : std::int32_t {
+  kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6
+};
+
 /// Start of the character that ends at `end` (end > 0) in valid UTF-8.
 [[nodiscard]] inline std::size_t utf8_prev(std::string_view s, std::size_t end) {
   std::size_t i = end - 1;
@@ -125,6 +152,26 @@ class Tokenizer {
   static Tokenizer from_json(Json const& root, std::string const& source) {
     Tokenizer t;
     t.load(root, source);
+    return t;
+  }
+
+  /// The tokenizer a Qwen GGUF file carries, equal to the tokenizer.json llama.cpp's
+  /// converter made it from (same ids, tokens and decoding). The metadata maps as:
+  ///  - `tokenizer.ggml.model` must be "gpt2" (byte-level BPE);
+  ///  - `tokenizer.ggml.pre` picks the Split regex (kGgufPreTokenizers: "qwen2", "qwen35");
+  ///    the normalizer is NFC and ByteLevel adds no prefix space, as in Qwen's tokenizer.json;
+  ///  - `tokenizer.ggml.tokens[id]` with `tokenizer.ggml.token_type[id]` (all NORMAL when
+  ///    absent): NORMAL / UNKNOWN -> the BPE vocabulary; CONTROL -> a special added token;
+  ///    USER_DEFINED -> a non-special added token; UNUSED (the converter's "[PAD<id>]" fill up
+  ///    to the model's vocab_size) -> no token, like the holes of tokenizer.json;
+  ///  - `tokenizer.ggml.merges`: "a b" strings, in rank order.
+  /// What GGUF does not keep: added tokens are taken as `normalized: false` and without
+  /// lstrip/rstrip/single_word (true of every Qwen added token), and the converter marks
+  /// non-special added tokens that look like "<|...|>" CONTROL, so those become special here.
+  /// Throws Error naming the file and the key on anything else.
+  static Tokenizer from_gguf(GgufFile const& file) {
+    Tokenizer t;
+    t.load_gguf(file);
     return t;
   }
 
@@ -475,6 +522,101 @@ class Tokenizer {
     build_id_tables(file);
   }
 
+  void load_gguf(GgufFile const& f) {
+    std::string const& file = f.path();
+    source_ = file;
+    std::string_view const model = f.get_string("tokenizer.ggml.model");
+    QFLASH_CHECK(model == "gpt2", file, ": metadata 'tokenizer.ggml.model' is \"", model,
+                 "\"; only \"gpt2\" (byte-level BPE) is supported");
+    std::string_view const pre = f.get_string("tokenizer.ggml.pre");
+    detail::GgufPreTokenizer const* pt = nullptr;
+    std::string known;
+    for (auto const& c : detail::kGgufPreTokenizers) {
+      if (c.name == pre) pt = &c;
+      known += (known.empty() ? "" : ", ") + std::string(c.name);
+    }
+    QFLASH_CHECK(pt != nullptr, file, ": metadata 'tokenizer.ggml.pre' is \"", pre,
+                 "\", a pre-tokenizer qflash does not implement (supported: ", known, ")");
+
+    auto const tokens = f.get_string_array("tokenizer.ggml.tokens");
+    QFLASH_CHECK(!tokens.empty() && static_cast<std::int64_t>(tokens.size()) <= kMaxId, file,
+                 ": metadata 'tokenizer.ggml.tokens' holds ", tokens.size(),
+                 " tokens (expected 1 to 2^24)");
+    std::vector<std::int64_t> types(tokens.size(),
+                                    static_cast<std::int64_t>(detail::GgufTokenType::kNormal));
+    if (f.has("tokenizer.ggml.token_type")) {
+      types = f.get_int_array("tokenizer.ggml.token_type");
+      QFLASH_CHECK(types.size() == tokens.size(), file, ": metadata 'tokenizer.ggml.token_type' "
+                   "has ", types.size(), " entries for ", tokens.size(), " tokens");
+    }
+
+    using T = detail::GgufTokenType;
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      auto const id = static_cast<std::int32_t>(i);
+      std::string_view const tok = tokens[i];
+      switch (static_cast<T>(types[i])) {
+        case T::kNormal:
+        case T::kUnknown:
+          if (auto const [it, fresh] = vocab_.try_emplace(std::string(tok), id); !fresh)
+            QFLASH_FAIL(file, ": metadata 'tokenizer.ggml.tokens': tokens ", it->second, " and ",
+                        id, " are both \"", tok, "\"");
+          break;
+        case T::kControl:
+        case T::kUserDefined: {
+          QFLASH_CHECK(!tok.empty(), file, ": metadata 'tokenizer.ggml.tokens' element ", i,
+                       ": an added token (type ", types[i], ") must not be empty");
+          AddedToken a;
+          a.content = std::string(tok);
+          a.id = id;
+          a.special = static_cast<T>(types[i]) == T::kControl;
+          added_ids_[a.content] = a.id;
+          added_.push_back(std::move(a));
+          break;
+        }
+        case T::kUnused:
+          break;
+        default:
+          QFLASH_FAIL(file, ": metadata 'tokenizer.ggml.token_type' element ", i, ": type ",
+                      types[i], " is not one byte-level BPE uses (1 normal, 2 unknown, "
+                      "3 control, 4 user-defined, 5 unused)");
+      }
+    }
+    QFLASH_CHECK(!vocab_.empty(), file, ": metadata 'tokenizer.ggml.tokens' has no NORMAL token");
+
+    auto const merges = f.get_string_array("tokenizer.ggml.merges");
+    merges_.reserve(merges.size());
+    std::string merged;
+    for (std::size_t i = 0; i < merges.size(); ++i) {
+      std::string_view const m = merges[i];
+      auto fail = [&](std::string_view what) {
+        QFLASH_FAIL(file, ": metadata 'tokenizer.ggml.merges' element ", i, " \"", m, "\": ",
+                    what);
+      };
+      auto const sp = m.find(' ');
+      if (sp == std::string_view::npos || m.find(' ', sp + 1) != std::string_view::npos)
+        fail("must be \"a b\" (two tokens, one space)");
+      std::string_view const a = m.substr(0, sp), b = m.substr(sp + 1);
+      auto const ia = vocab_.find(a), ib = vocab_.find(b);
+      if (ia == vocab_.end() || ib == vocab_.end())
+        fail("merges what is not a token of the vocabulary");
+      merged.assign(a);
+      merged.append(b);
+      auto const im = vocab_.find(std::string_view(merged));
+      if (im == vocab_.end()) fail("merges into what is not a token of the vocabulary");
+      merges_.insert_or_assign(ia->second, ib->second,
+                               {static_cast<std::int32_t>(i), im->second});
+    }
+
+    nfc_ = true;
+    detail::SplitStep step;
+    step.regex = detail::Regex(pt->pattern, false, "pre-tokenizer '" + std::string(pt->name) + "'");
+    splits_.push_back(std::move(step));
+    prefix_space_ = false;
+    for (std::size_t i = 0; i < added_.size(); ++i)
+      raw_added_.insert(added_[i].content, static_cast<std::int32_t>(i));
+    build_id_tables(file);
+  }
+
   [[noreturn]] static void fail_at(std::string const& file, std::string const& field,
                                    std::string_view what) {
     QFLASH_FAIL(file, ": field '", field, "' ", what);
@@ -759,6 +901,37 @@ class Tokenizer {
   std::vector<std::uint8_t> flags_;
   std::unique_ptr<detail::WordCache> cache_;
 };
+
+/// The special token ids and flags a GGUF file's tokenizer metadata names
+/// (`tokenizer.ggml.bos_token_id`, ...); absent keys stay empty.
+struct GgufSpecialTokens {
+  std::optional<std::int32_t> bos, eos, eot, eom, unk, sep, pad, mask;
+  std::optional<bool> add_bos, add_eos;
+};
+
+/// Reads GgufSpecialTokens; throws Error naming the key when one is not an integer id in
+/// [0, 2^31) or a flag is not a bool.
+inline GgufSpecialTokens gguf_special_tokens(GgufFile const& f) {
+  auto id = [&](char const* key) -> std::optional<std::int32_t> {
+    auto v = f.find_int(key);
+    if (!v) return std::nullopt;
+    QFLASH_CHECK(*v >= 0 && *v <= std::numeric_limits<std::int32_t>::max(), f.path(),
+                 ": metadata '", key, "' = ", *v, " is not a token id");
+    return static_cast<std::int32_t>(*v);
+  };
+  GgufSpecialTokens s;
+  s.bos = id("tokenizer.ggml.bos_token_id");
+  s.eos = id("tokenizer.ggml.eos_token_id");
+  s.eot = id("tokenizer.ggml.eot_token_id");
+  s.eom = id("tokenizer.ggml.eom_token_id");
+  s.unk = id("tokenizer.ggml.unknown_token_id");
+  s.sep = id("tokenizer.ggml.seperator_token_id");  // sic: gguf-py's spelling
+  s.pad = id("tokenizer.ggml.padding_token_id");
+  s.mask = id("tokenizer.ggml.mask_token_id");
+  s.add_bos = f.find<bool>("tokenizer.ggml.add_bos_token");
+  s.add_eos = f.find<bool>("tokenizer.ggml.add_eos_token");
+  return s;
+}
 
 /// Incremental decoding for streamed generation: feed ids one at a time, get back only whole
 /// UTF-8 characters (a byte-level token can end inside one). The concatenation of every

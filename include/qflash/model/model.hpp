@@ -36,7 +36,8 @@
 namespace qflash::model {
 
 struct ModelOptions {
-  DeltaRuleOptions delta;  ///< how prefill chunks run the delta rule
+  DeltaRuleOptions delta;     ///< how prefill chunks run the delta rule
+  stream_t stream = nullptr;  ///< the CUDA stream every kernel runs on (null: default; CPU ignores it)
 };
 
 enum class LogitsFor { kAllTokens, kLastToken };
@@ -95,6 +96,7 @@ class Model {
   void forward(std::span<SequenceChunk const> seqs, LogitsFor which, std::vector<float>& logits,
                HiddenObserver const& observe = {}) {
     layout(seqs);
+    stream_t const stream = opts_.stream;
     std::int64_t const d = dim<S.d_model>(cfg_.d_model);
     std::int64_t const T = batch_.n_tokens();
     float* h = Scratch::sized(h_, T * d);
@@ -109,7 +111,7 @@ class Model {
     e.tokens = batch_.tokens.data();
     e.y = h;
     e.n_tokens = T;
-    check_launch(kernels::launch_embedding<S>(Arch{}, e), "embedding");
+    check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding");
     seen(0, h);
 
     // Each layer's closing residual add (h += moe) is fused into the next norm.
@@ -121,9 +123,9 @@ class Model {
         norm(mix, h, lw.input_norm, xn, T);  // h += moe of layer l - 1; xn = norm(h)
         seen(static_cast<int>(l), h);
       }
-      std::visit([&](auto const& mixer) { mixer.forward(batch_, xn, mix, scratch_); }, mixers_[l]);
+      std::visit([&](auto const& mixer) { mixer.forward(batch_, xn, mix, scratch_, stream); }, mixers_[l]);
       norm(mix, h, lw.post_norm, xn, T);  // h += mixer; xn = norm(h)
-      moe_[l].forward(T, xn, mix, scratch_);
+      moe_[l].forward(T, xn, mix, scratch_, stream);
     }
     norm(mix, h, w_.final_norm, xn, T);
     seen(cfg_.n_layer, h);
@@ -143,7 +145,7 @@ class Model {
     }
     logits.resize(static_cast<std::size_t>(a.n_tokens * cfg_.vocab));
     a.y = logits.data();
-    check_launch(kernels::launch_linear<S>(Arch{}, a), "lm_head");
+    check_launch(kernels::launch_linear<S>(Arch{}, a, stream), "lm_head");
 
     for (auto const& c : seqs) c.state->advance(static_cast<std::int64_t>(c.tokens.size()));
   }
@@ -185,7 +187,7 @@ class Model {
     a.n_cols = static_cast<int>(weight.size());
     a.eps = cfg_.rms_norm_eps;
     a.weight_kind = norm_kind_;
-    check_launch(kernels::launch_add_rmsnorm<S>(Arch{}, a), "add_rmsnorm");
+    check_launch(kernels::launch_add_rmsnorm<S>(Arch{}, a, opts_.stream), "add_rmsnorm");
   }
 
   ModelConfig cfg_;

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "qflash/core/config.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/core/status.hpp"
 #include "qflash/model/cache.hpp"

@@ -27,7 +27,7 @@ class GatedAttention {
   /// out = Attention(x) for the batch's rows; appends each sequence's K/V to its cache.
   /// @param x    [n_tokens, d_model] normed input
   /// @param out  [n_tokens, d_model]
-  void forward(Batch const& batch, float const* x, float* out, Scratch& s) const {
+  void forward(Batch const& batch, float const* x, float* out, Scratch& s, stream_t stream) const {
     int const nh = dim<S.n_head>(cfg_.n_head), nkv = dim<S.n_head_kv>(cfg_.n_head_kv);
     int const dh = dim<S.d_head>(cfg_.d_head);
     std::int64_t const T = batch.n_tokens();
@@ -40,11 +40,11 @@ class GatedAttention {
     float* k = Scratch::sized(s.k, T * kv_width);
     float* v = Scratch::sized(s.v, T * kv_width);
     float* o = Scratch::sized(s.o, T * q_width);
-    project(w_.q, x, T, qg);
-    project(w_.k, x, T, k);
-    project(w_.v, x, T, v);
-    norm_rope(qg, w_.q.rows, q_head_stride, w_.q_norm.data(), q, nh, batch);
-    norm_rope(k, kv_width, dh, w_.k_norm.data(), k, nkv, batch);
+    project(w_.q, x, T, qg, stream);
+    project(w_.k, x, T, k, stream);
+    project(w_.v, x, T, v, stream);
+    norm_rope(qg, w_.q.rows, q_head_stride, w_.q_norm.data(), q, nh, batch, stream);
+    norm_rope(k, kv_width, dh, w_.k_norm.data(), k, nkv, batch, stream);
 
     for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
       std::int64_t const b = batch.begin[i], n = batch.rows_of(i);
@@ -67,23 +67,23 @@ class GatedAttention {
         a.gate_token_stride = w_.q.rows;
         a.gate_head_stride = q_head_stride;
       }
-      check_launch(kernels::launch_attention<S>(Arch{}, a), "attention");
+      check_launch(kernels::launch_attention<S>(Arch{}, a, stream), "attention");
     }
-    project(w_.o, o, T, out);
+    project(w_.o, o, T, out, stream);
   }
 
  private:
-  static void project(WeightView const& w, float const* x, std::int64_t rows, float* y) {
+  static void project(WeightView const& w, float const* x, std::int64_t rows, float* y, stream_t stream) {
     kernels::LinearArgs a{};
     a.w = w;
     a.x = x;
     a.y = y;
     a.n_tokens = rows;
-    check_launch(kernels::launch_linear<S>(Arch{}, a), "linear");
+    check_launch(kernels::launch_linear<S>(Arch{}, a, stream), "linear");
   }
 
   void norm_rope(float const* x, std::int64_t token_stride, std::int64_t head_stride,
-                 float const* weight, float* y, int n_head, Batch const& batch) const {
+                 float const* weight, float* y, int n_head, Batch const& batch, stream_t stream) const {
     kernels::QkNormRopeArgs a{};
     a.x = x;
     a.token_stride = token_stride;
@@ -98,7 +98,7 @@ class GatedAttention {
     a.theta = cfg_.rope_theta;
     a.eps = cfg_.rms_norm_eps;
     a.weight_kind = norm_kind_;
-    check_launch(kernels::launch_qk_norm_rope<S>(Arch{}, a), "qk_norm_rope");
+    check_launch(kernels::launch_qk_norm_rope<S>(Arch{}, a, stream), "qk_norm_rope");
   }
 
   ModelConfig const& cfg_;

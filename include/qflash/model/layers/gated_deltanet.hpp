@@ -33,7 +33,7 @@ class GatedDeltaNet {
 
   /// out = GatedDeltaNet(x) for the batch's rows; advances each sequence's conv and recurrent
   /// state. @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
-  void forward(Batch const& batch, float const* x, float* out, Scratch& s) const {
+  void forward(Batch const& batch, float const* x, float* out, Scratch& s, stream_t stream) const {
     int const hk = dim<S.n_head_k_linear>(cfg_.n_head_k_linear);
     int const hv = dim<S.n_head_v_linear>(cfg_.n_head_v_linear);
     int const dk = dim<S.d_head_k_linear>(cfg_.d_head_k_linear);
@@ -48,10 +48,10 @@ class GatedDeltaNet {
     float* beta = Scratch::sized(s.beta, T * hv);
     float* g = Scratch::sized(s.g, T * hv);
     float* o = Scratch::sized(s.o, T * value_dim);
-    project(w_.qkv, x, T, mixed);
-    project(w_.z, x, T, z);
-    project(w_.b, x, T, beta);
-    project(w_.a, x, T, g);
+    project(w_.qkv, x, T, mixed, stream);
+    project(w_.z, x, T, z, stream);
+    project(w_.b, x, T, beta, stream);
+    project(w_.a, x, T, g, stream);
 
     kernels::GdnGatesArgs ga{};
     ga.beta = beta;
@@ -60,7 +60,7 @@ class GatedDeltaNet {
     ga.neg_a = w_.neg_a.data();
     ga.n_tokens = T;
     ga.n_head_v = hv;
-    check_launch(kernels::launch_gdn_gates<S>(Arch{}, ga), "gdn_gates");
+    check_launch(kernels::launch_gdn_gates<S>(Arch{}, ga, stream), "gdn_gates");
 
     for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
       std::int64_t const b = batch.begin[i], n = batch.rows_of(i);
@@ -73,7 +73,7 @@ class GatedDeltaNet {
       c.n_tokens = n;
       c.n_channels = static_cast<int>(conv_dim);
       c.d_conv = dim<S.d_conv>(cfg_.d_conv);
-      check_launch(kernels::launch_causal_conv1d<S>(Arch{}, c), "causal_conv1d");
+      check_launch(kernels::launch_causal_conv1d<S>(Arch{}, c, stream), "causal_conv1d");
 
       kernels::GatedDeltaArgs a{};
       float const* rows = conv + b * conv_dim;  // q, k, v read in place from [q | k | v]
@@ -92,7 +92,7 @@ class GatedDeltaNet {
       a.d_v = dv;
       a.form = n == 1 ? kernels::DeltaRuleForm::kRecurrent : opts_.prefill_form;
       a.chunk_size = opts_.chunk;
-      check_launch(kernels::launch_gated_delta<S>(Arch{}, a), "gated_delta");
+      check_launch(kernels::launch_gated_delta<S>(Arch{}, a, stream), "gated_delta");
     }
 
     kernels::GatedRmsNormArgs gn{};
@@ -103,18 +103,18 @@ class GatedDeltaNet {
     gn.n_rows = T * hv;
     gn.n_cols = dv;
     gn.eps = cfg_.rms_norm_eps;
-    check_launch(kernels::launch_gated_rmsnorm<S>(Arch{}, gn), "gated_rmsnorm");
-    project(w_.out, o, T, out);
+    check_launch(kernels::launch_gated_rmsnorm<S>(Arch{}, gn, stream), "gated_rmsnorm");
+    project(w_.out, o, T, out, stream);
   }
 
  private:
-  static void project(WeightView const& w, float const* x, std::int64_t rows, float* y) {
+  static void project(WeightView const& w, float const* x, std::int64_t rows, float* y, stream_t stream) {
     kernels::LinearArgs a{};
     a.w = w;
     a.x = x;
     a.y = y;
     a.n_tokens = rows;
-    check_launch(kernels::launch_linear<S>(Arch{}, a), "linear");
+    check_launch(kernels::launch_linear<S>(Arch{}, a, stream), "linear");
   }
 
   ModelConfig const& cfg_;

@@ -23,7 +23,7 @@ class MoeBlock {
   MoeBlock(ModelConfig const& cfg, MoeWeights const& w) : cfg_(cfg), w_(w) {}
 
   /// out = MoE(x). @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
-  void forward(std::int64_t T, float const* x, float* out, Scratch& s) const {
+  void forward(std::int64_t T, float const* x, float* out, Scratch& s, stream_t stream) const {
     int const n_expert = dim<S.n_expert>(cfg_.n_expert);
     int const k = dim<S.n_expert_used>(cfg_.n_expert_used);
     std::int64_t const d = dim<S.d_model>(cfg_.d_model);
@@ -38,7 +38,7 @@ class MoeBlock {
     l.x = x;
     l.y = logits;
     l.n_tokens = T;
-    check_launch(kernels::launch_linear<S>(Arch{}, l), "router");
+    check_launch(kernels::launch_linear<S>(Arch{}, l, stream), "router");
 
     kernels::RouterTopkArgs r{};
     r.logits = logits;
@@ -50,7 +50,7 @@ class MoeBlock {
     r.n_expert_used = k;
     r.renormalize = cfg_.norm_topk_prob;
     r.shared_weights = shared ? shared_gate : nullptr;
-    check_launch(kernels::launch_router_topk<S>(Arch{}, r), "router_topk");
+    check_launch(kernels::launch_router_topk<S>(Arch{}, r, stream), "router_topk");
 
     std::fill_n(out, T * d, 0.0f);
     kernels::ExpertFfnArgs e{};
@@ -61,7 +61,7 @@ class MoeBlock {
     e.out = out;
     e.n_tokens = T;
     e.n_expert_used = k;
-    check_launch(kernels::launch_expert_ffn<S>(Arch{}, e), "expert_ffn");
+    check_launch(kernels::launch_expert_ffn<S>(Arch{}, e, stream), "expert_ffn");
 
     if (shared) {
       // Every token through the shared expert, weighted by its sigmoid gate.
@@ -70,7 +70,7 @@ class MoeBlock {
       e.routes = s.zero_routes.data();
       e.route_weights = shared_gate;
       e.n_expert_used = 1;
-      check_launch(kernels::launch_expert_ffn<S>(Arch{}, e), "shared expert");
+      check_launch(kernels::launch_expert_ffn<S>(Arch{}, e, stream), "shared expert");
     }
   }
 

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora tests/fuzz/corpus/{gguf,safetensors}/ (small valid and near-valid
+files, a few KB in all). Standard library only; rerun after changing it:
+
+    python3 tests/fuzz/make_corpus.py
+
+GGUF layout as in llama.cpp ggml/include/gguf.h (v2/v3, little-endian); safetensors as in
+io/safetensors.hpp. The files are deterministic, so a rerun leaves git clean.
+"""
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# gguf value type ids
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+SCALAR_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
+              BOOL: "<B", U64: "<Q", I64: "<q", F64: "<d"}
+# ggml type id -> (block size, block bytes)
+GGML = {"F32": (0, 1, 4), "F16": (1, 1, 2), "BF16": (30, 1, 2), "Q8_0": (8, 32, 34),
+        "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
+
+
+def gstr(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def value(t, v):
+    if t == STR:
+        return gstr(v)
+    return struct.pack(SCALAR_FMT[t], v)
+
+
+def kv(key, t, v):
+    if t == ARR:
+        et, items = v
+        body = struct.pack("<IQ", et, len(items)) + b"".join(value(et, x) for x in items)
+        return gstr(key) + struct.pack("<I", ARR) + body
+    return gstr(key) + struct.pack("<I", t) + value(t, v)
+
+
+def gguf(kvs, tensors=(), version=3, alignment=32):
+    """tensors: (name, ne, type name, data bytes)"""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)) + b"".join(kvs)
+    off, infos, blobs = 0, b"", []
+    for name, ne, tname, data in tensors:
+        tid = GGML[tname][0]
+        infos += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<q", d) for d in ne)
+        infos += struct.pack("<IQ", tid, off)
+        pad = (-len(data)) % alignment
+        blobs.append(data + b"\0" * pad)
+        off += len(data) + pad
+    out += infos
+    if tensors:
+        out += b"\0" * ((-len(out)) % alignment)
+    return out + b"".join(blobs)
+
+
+def nbytes(ne, tname):
+    _, bs, bb = GGML[tname]
+    n = 1
+    for d in ne:
+        n *= d
+    return n // bs * bb
+
+
+def data_for(ne, tname, seed):
+    return bytes((i * 7 + seed) & 0xFF for i in range(nbytes(ne, tname)))
+
+
+def byte_level_symbols():
+    """GPT-2 bytes_to_unicode"""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def gguf_seeds():
+    sym = byte_level_symbols()
+    all_types = [
+        kv("general.architecture", STR, "qwen35moe"),
+        kv("t.u8", U8, 200), kv("t.i8", I8, -5), kv("t.u16", U16, 60000), kv("t.i16", I16, -300),
+        kv("t.u32", U32, 7), kv("t.i32", I32, -7), kv("t.f32", F32, 1.5), kv("t.bool", BOOL, 1),
+        kv("t.u64", U64, 1 << 40), kv("t.i64", I64, -(1 << 40)), kv("t.f64", F64, 0.25),
+        kv("t.arr_i32", ARR, (I32, [11, 11, 10, 0])),
+        kv("t.arr_str", ARR, (STR, ["a", "", "<|im_end|>"])),
+        kv("t.arr_empty", ARR, (F32, [])),
+    ]
+    tensors = [
+        ("token_embd.weight", [8, 4], "F32", data_for([8, 4], "F32", 1)),
+        ("output_norm.weight", [8], "BF16", data_for([8], "BF16", 2)),
+        ("blk.0.attn_q.weight", [64, 2], "Q8_0", data_for([64, 2], "Q8_0", 3)),
+        ("blk.0.ffn_down_exps.weight", [256, 1, 2], "Q4_K", data_for([256, 1, 2], "Q4_K", 4)),
+        ("blk.0.ffn_up_exps.weight", [256], "Q6_K", data_for([256], "Q6_K", 5)),
+    ]
+    seeds = {
+        "empty_v3.gguf": gguf([]),
+        "metadata_all_types_v2.gguf": gguf(all_types, version=2),
+        "tensors.gguf": gguf(all_types[:2], tensors),
+        "align64.gguf": gguf([kv("general.alignment", U32, 64)], tensors[:3], alignment=64),
+    }
+    # A tiny byte-level BPE tokenizer: 256 byte symbols, two merges, two special tokens.
+    tokens = [sym[b] for b in range(256)] + [sym[ord("h")] + sym[ord("e")], sym[ord(" ")] + sym[ord("w")],
+                                             "<|endoftext|>", "<|im_end|>", "[PAD260]"]
+    types = [1] * 258 + [3, 3, 5]
+    tok = [
+        kv("tokenizer.ggml.model", STR, "gpt2"), kv("tokenizer.ggml.pre", STR, "qwen35"),
+        kv("tokenizer.ggml.tokens", ARR, (STR, tokens)),
+        kv("tokenizer.ggml.token_type", ARR, (I32, types)),
+        kv("tokenizer.ggml.merges", ARR, (STR, [sym[ord("h")] + " " + sym[ord("e")],
+                                                 sym[ord(" ")] + " " + sym[ord("w")]])),
+        kv("tokenizer.ggml.eos_token_id", U32, 259), kv("tokenizer.ggml.add_bos_token", BOOL, 0),
+    ]
+    seeds["tokenizer.gguf"] = gguf(tok)
+    # Near-valid inputs: one field wrong each.
+    t = seeds["tensors.gguf"]
+    seeds["near_truncated.gguf"] = t[: len(t) - 40]
+    seeds["near_version1.gguf"] = b"GGUF" + struct.pack("<I", 1) + t[8:200]
+    seeds["near_bad_type.gguf"] = gguf([], [("x", [4], "F32", b"\0" * 16)]).replace(
+        struct.pack("<IQ", 0, 0), struct.pack("<IQ", 99, 0), 1)
+    seeds["near_nested_array.gguf"] = gguf([gstr("x") + struct.pack("<IIQ", ARR, ARR, 0)])
+    seeds["near_huge_count.gguf"] = gguf([gstr("x") + struct.pack("<IIQ", ARR, U32, 1 << 60)])
+    seeds["near_tokenizer_pre.gguf"] = gguf(tok).replace(b"qwen35", b"qwen99")
+    return seeds
+
+
+def safetensors(entries, metadata=None, pad_to=8):
+    """entries: (name, dtype, shape, data bytes)"""
+    header, off, blob = {}, 0, b""
+    for name, dtype, shape, data in entries:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data)
+        blob += data
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((-len(text)) % pad_to)
+    return struct.pack("<Q", len(text)) + text + blob
+
+
+def safetensors_seeds():
+    f32 = struct.pack("<6f", 1, -2, 0.5, 3, 4, -1)
+    bf16 = bytes([0x80, 0x3F, 0x00, 0xC0, 0x00, 0x3F, 0x40, 0x40])
+    seeds = {
+        "empty_header.safetensors": safetensors([]),
+        "tensors.safetensors": safetensors(
+            [("a", "F32", [2, 3], f32), ("b", "BF16", [4], bf16), ("c", "F16", [2], bf16[:4]),
+             ("ids", "I64", [1], struct.pack("<q", 7)), ("u", "U8", [3], b"\x01\x02\x03"),
+             ("scalar", "F32", [], f32[:4]), ("empty", "F32", [0, 4], b"")],
+            metadata={"format": "pt"}),
+        "rank5.safetensors": safetensors([("conv", "BF16", [1, 1, 1, 2, 2], bf16)]),
+        "fp8.safetensors": safetensors([("w", "F8_E4M3", [2, 2], b"\x38\x40\xb8\x00")]),
+    }
+    t = seeds["tensors.safetensors"]
+    seeds["near_truncated.safetensors"] = t[: len(t) - 5]
+    seeds["near_overlap.safetensors"] = safetensors([("a", "F32", [2], f32[:8]), ("b", "F32", [2], f32[:8])]).replace(
+        b'"data_offsets":[8,16]', b'"data_offsets":[4,12]')
+    seeds["near_bad_dtype.safetensors"] = t.replace(b'"BF16"', b'"Q4KK"')
+    seeds["near_shape_mismatch.safetensors"] = t.replace(b'"shape":[2,3]', b'"shape":[3,3]')
+    return seeds
+
+
+def main():
+    for sub, seeds in (("gguf", gguf_seeds()), ("safetensors", safetensors_seeds())):
+        d = os.path.join(HERE, "corpus", sub)
+        os.makedirs(d, exist_ok=True)
+        for fn in os.listdir(d):
+            os.remove(os.path.join(d, fn))
+        for name, data in sorted(seeds.items()):
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+        print(f"{d}: {len(seeds)} files, {sum(map(len, seeds.values()))} bytes")
+
+
+if __name__ == "__main__":
+    main()

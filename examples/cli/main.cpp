@@ -37,7 +37,7 @@ struct CommonOptions {
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
-  cmd->add_option("-m,--model", o.model_dir, "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
+  cmd->add_option("-m,--model", o.model_dir, "Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or a llama.cpp .gguf file")
       ->capture_default_str();
   std::vector<std::string> schemes;
   for (auto const& [k, name] : runtime::kWeightSchemes) schemes.emplace_back(name);
@@ -55,8 +55,11 @@ runtime::LoadOptions load_options(CommonOptions const& o) {
 #if defined(_OPENMP)
   if (o.threads > 0) omp_set_num_threads(o.threads);
 #endif
-  QFLASH_CHECK(std::filesystem::is_directory(o.model_dir), "model directory '", o.model_dir, "' does not exist",
+  std::error_code ec;
+  QFLASH_CHECK(std::filesystem::exists(o.model_dir, ec), "model '", o.model_dir, "' does not exist",
                o.model_dir == QFLASH_DEFAULT_MODEL_DIR ? " (the embedded default model is missing: pass --model DIR)" : "");
+  QFLASH_CHECK(std::filesystem::is_directory(o.model_dir, ec) || runtime::is_gguf_file(o.model_dir), "model '",
+               o.model_dir, "' is neither a model directory nor a GGUF file");
   runtime::LoadOptions m;
   m.weights = runtime::parse_weight_scheme(o.weights);
   m.verify_checksums = !o.no_verify;
@@ -68,6 +71,12 @@ template <class Fn>
 void with_model(CommonOptions const& o, Fn&& fn) {
   auto opts = load_options(o);
   runtime::with_model(runtime::load_model(o.model_dir, opts), opts.model, fn);
+}
+
+/// The model's tokenizer: tokenizer.json beside the weights, or a GGUF file's tokenizer.ggml.*.
+io::Tokenizer load_tokenizer(std::string const& model) {
+  if (runtime::is_gguf_file(model)) return io::Tokenizer::from_gguf(io::GgufFile(model));
+  return io::Tokenizer::from_file(model + "/tokenizer.json");
 }
 
 std::vector<std::int32_t> parse_ids(std::string const& text) {
@@ -126,7 +135,8 @@ void print_weight_bytes(char const* label, std::map<WeightFormat, std::int64_t> 
 }
 
 int cmd_inspect(CommonOptions const& o, bool verbose) {
-  auto cfg = io::load_config(o.model_dir);
+  bool const gguf = runtime::is_gguf_file(o.model_dir);
+  auto cfg = gguf ? io::config_from_gguf(io::GgufFile(o.model_dir)) : io::load_config(o.model_dir);
   auto const scheme = runtime::parse_weight_scheme(o.weights);
   std::string pattern;
   int n_full = 0;
@@ -155,22 +165,27 @@ int cmd_inspect(CommonOptions const& o, bool verbose) {
   if (cfg.n_head_k_linear > 0)
     std::printf("deltanet state    %s per sequence in f32\n",
                 human_bytes(static_cast<double>(cfg.linear_state_bytes_per_sequence(DType::kF32, DType::kF32))).c_str());
-  // As stored: a config alone says its dtype (f32 when absent, as PyTorch's default).
-  WeightFormat const stored = cfg.dtype == DType::kBF16 ? WeightFormat::kBf16
-                              : cfg.dtype == DType::kF16 ? WeightFormat::kF16
-                                                         : WeightFormat::kF32;
-  auto const plan = runtime::plan_weights(cfg, scheme, stored);
   std::string const label = "resident (" + std::string(runtime::to_string(scheme)) + ")";
-  print_weight_bytes(label.c_str(), plan.bytes, plan.vector_bytes);
-  if (verbose && io::Checkpoint::open(o.model_dir).has_weights()) {
+  if (!gguf) {
+    // From the config alone, which says the stored dtype (f32 when absent, as PyTorch's default).
+    WeightFormat const stored = cfg.dtype == DType::kBF16 ? WeightFormat::kBf16
+                                : cfg.dtype == DType::kF16 ? WeightFormat::kF16
+                                                           : WeightFormat::kF32;
+    auto const plan = runtime::plan_weights(cfg, scheme, stored);
+    print_weight_bytes(label.c_str(), plan.bytes, plan.vector_bytes);
+  }
+  // A GGUF file's formats are per tensor: bind it (mapped, converted only if --weights asks).
+  if (gguf || (verbose && io::Checkpoint::open(o.model_dir).has_weights())) {
     auto opts = load_options(o);
     opts.progress = false;
     auto m = runtime::load_model(o.model_dir, opts);
-    m.weights.for_each_matrix([](std::string const& name, WeightView const& v) {
-      std::printf("  %-40s %-9s [%lld, %lld] %s\n", name.c_str(), std::string(to_string(v.format)).c_str(),
-                  static_cast<long long>(v.rows), static_cast<long long>(v.cols), human_bytes(static_cast<double>(v.bytes())).c_str());
-    });
-    print_weight_bytes("bound", m.bytes_per_format(), 0);
+    if (verbose)
+      m.weights.for_each_matrix([](std::string const& name, WeightView const& v) {
+        std::printf("  %-40s %-9s [%lld, %lld] %s\n", name.c_str(), std::string(to_string(v.format)).c_str(),
+                    static_cast<long long>(v.rows), static_cast<long long>(v.cols),
+                    human_bytes(static_cast<double>(v.bytes())).c_str());
+      });
+    print_weight_bytes(gguf ? label.c_str() : "bound", m.bytes_per_format(), 0);
   }
   std::printf("spec              %s\n", to_string(cfg.spec(KvScheme::kBf16, WeightFormat::kAny)).c_str());
   return 0;
@@ -179,7 +194,7 @@ int cmd_inspect(CommonOptions const& o, bool verbose) {
 int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::GenerateOptions gen) {
   int rc = 0;
   with_model(o, [&](auto& m) {
-    auto tok = io::Tokenizer::from_file(o.model_dir + "/tokenizer.json");
+    auto tok = load_tokenizer(o.model_dir);
     auto ids = tok.encode(prompt);
     QFLASH_CHECK(!ids.empty(), "the prompt encodes to no tokens");
     if (gen.eos_ids.empty()) gen.eos_ids = m.config().eos_token_ids;
@@ -229,7 +244,7 @@ int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int con
   QFLASH_CHECK(f.good(), text_path, ": cannot open");
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   with_model(o, [&](auto& m) {
-    auto tok = io::Tokenizer::from_file(o.model_dir + "/tokenizer.json");
+    auto tok = load_tokenizer(o.model_dir);
     auto ids = tok.encode(text);
     int const ctx = context > 0 ? context : std::min(m.config().max_position_embeddings, 512);
     bool const tty = ::isatty(2) != 0;

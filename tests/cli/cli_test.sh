@@ -40,6 +40,24 @@ case $case in
     expect_rc 0
     expect_err "generation: 6 tokens"
     ;;
+  run_gguf)  # the F32 GGUF converted from $tiny generates what $tiny generates
+    run run --model "$tiny" --prompt "Hello" --max-tokens 12
+    expect_rc 0
+    cp "$tmp/out" "$tmp/want"
+    run run --model "$fixtures/gguf/qwen3_5_moe_tiny-F32.gguf" --prompt "Hello" --max-tokens 12
+    expect_rc 0
+    cmp -s "$tmp/out" "$tmp/want" || fail "GGUF output differs from the HF directory's: $(cat "$tmp/want")"
+    ;;
+  weights_schemes)  # every --weights scheme runs; inspect sizes it from the config alone
+    for w in f32 bf16 fp8 q8_0 q4_k q6_k q4_k_m int4; do
+      run run --model "$tiny" --prompt "Hello" -n 4 --weights "$w"
+      expect_rc 0
+      expect_err "generation: 4 tokens"
+    done
+    run inspect --model "$fixtures/qwen3_6_35b_a3b_config" --weights q4_k_m
+    expect_rc 0
+    expect_out "resident \(q4_k_m\) +18\.55 GiB total \(bf16 40\.16 MiB, q4_k 17\.37 GiB, q6_k 1\.14 GiB\)"
+    ;;
   logits | logits_incremental)
     flag=""
     [[ $case == logits_incremental ]] && flag=--incremental
@@ -68,7 +86,7 @@ case $case in
   missing_model)
     run run --model "$tmp/nothing" --prompt hi
     expect_rc 1
-    expect_err "model directory '.*nothing' does not exist"
+    expect_err "model '.*nothing' does not exist"
     ;;
   bad_flag)
     run run --model "$tiny" --weights f64

@@ -186,6 +186,7 @@ inline ModelConfig load_config(std::string const& dir) {
       QFLASH_FAIL(path, ": field '", t.field("attn_output_gate"),
                   "' is false; qwen3_5_moe without the attention output gate is not supported");
     c.attn_output_gate = true;
+    c.zero_centered_norms = true;
     c.mlp_only_layers = t.int_list("mlp_only_layers", {});
     c.decoder_sparse_step = 1;
   } else {  // Qwen3MoeConfig defaults

@@ -1,12 +1,13 @@
 /// @file
-/// Writing NumPy .npy files (format 1.0, little-endian float32, C order): the stable
-/// interface `qflash logits` hands to external tools.
+/// NumPy .npy files (format 1.x, little-endian float32, C order): the stable interface
+/// `qflash logits` hands to external tools, and how reference logits come back in tests.
 #pragma once
 
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,6 +38,45 @@ inline void write_npy_f32(std::string const& path, std::span<float const> data,
   f.write(dict.data(), static_cast<std::streamsize>(dict.size()));
   f.write(reinterpret_cast<char const*>(data.data()), static_cast<std::streamsize>(data.size_bytes()));
   QFLASH_CHECK(f.good(), path, ": write failed");
+}
+
+struct NpyF32 {
+  std::vector<std::int64_t> shape;
+  std::vector<float> data;
+};
+
+/// Reads a float32 ('<f4', C order) .npy file; throws Error naming the file otherwise.
+inline NpyF32 read_npy_f32(std::string const& path) {
+  std::ifstream f(path, std::ios::binary);
+  QFLASH_CHECK(f.good(), path, ": cannot open: ", std::strerror(errno));
+  std::string const bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  QFLASH_CHECK(bytes.size() >= 10 && bytes.compare(0, 6, "\x93NUMPY") == 0 && bytes[6] == 1, path,
+               ": not a version 1 .npy file");
+  std::size_t const len = static_cast<unsigned char>(bytes[8]) | (static_cast<std::size_t>(static_cast<unsigned char>(bytes[9])) << 8);
+  QFLASH_CHECK(10 + len <= bytes.size(), path, ": truncated .npy header");
+  std::string const dict = bytes.substr(10, len);
+  QFLASH_CHECK(dict.find("'descr': '<f4'") != std::string::npos && dict.find("'fortran_order': False") != std::string::npos,
+               path, ": expected a little-endian float32 array in C order, header ", dict);
+  NpyF32 out;
+  std::size_t const open = dict.find("'shape': (");
+  QFLASH_CHECK(open != std::string::npos, path, ": .npy header has no shape");
+  std::int64_t n = 1;
+  for (std::size_t i = open + 10; i < dict.size() && dict[i] != ')';) {
+    if (dict[i] < '0' || dict[i] > '9') {
+      ++i;
+      continue;
+    }
+    std::int64_t v = 0;
+    while (i < dict.size() && dict[i] >= '0' && dict[i] <= '9' && v < (std::int64_t{1} << 40)) v = v * 10 + (dict[i++] - '0');
+    out.shape.push_back(v);
+    n *= v;
+  }
+  std::size_t const body = 10 + len;
+  QFLASH_CHECK(n >= 0 && bytes.size() - body == static_cast<std::size_t>(n) * 4, path, ": shape holds ", n,
+               " values but the file has ", (bytes.size() - body) / 4);
+  out.data.resize(static_cast<std::size_t>(n));
+  std::memcpy(out.data.data(), bytes.data() + body, static_cast<std::size_t>(n) * 4);
+  return out;
 }
 
 }  // namespace qflash::io

@@ -43,6 +43,12 @@ struct ModelConfig {
   bool norm_topk_prob = true;  ///< renormalize the top-k router weights
   bool tie_word_embeddings = false;
   bool attn_output_gate = false;  ///< q_proj also yields a sigmoid gate on the attention output
+  /// RMSNorm weights are stored zero-centred and applied as (1 + w): qwen3_5_moe in HF
+  /// checkpoints. llama.cpp's converter stores 1 + w, so its files apply them as plain weights.
+  bool zero_centered_norms = false;
+  /// Gated DeltaNet value heads in llama.cpp's tiled order (head j reads q/k head j % H_k)
+  /// instead of HF's grouped order (j / (H_v / H_k)).
+  bool tiled_value_heads = false;
 
   std::vector<int> eos_token_ids;  ///< config's, then generation_config's, without repeats
   std::optional<int> bos_token_id, pad_token_id;

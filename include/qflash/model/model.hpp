@@ -73,8 +73,7 @@ class Model {
                  " does not match the compiled spec ", to_string(S));
     QFLASH_CHECK(w_.layers.size() == static_cast<std::size_t>(cfg_.n_layer), cfg_.source,
                  ": weights for ", w_.layers.size(), " layers, the config has ", cfg_.n_layer);
-    norm_kind_ = cfg_.family == ModelFamily::kQwen35Moe ? kernels::NormWeight::kZeroCentered
-                                                        : kernels::NormWeight::kPlain;
+    norm_kind_ = cfg_.zero_centered_norms ? kernels::NormWeight::kZeroCentered : kernels::NormWeight::kPlain;
     for (std::size_t l = 0; l < w_.layers.size(); ++l) {
       LayerWeights const& lw = w_.layers[l];
       if (lw.kind == LayerKind::kFullAttention)

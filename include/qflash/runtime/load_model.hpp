@@ -6,13 +6,18 @@
 /// into owned memory, with a progress bar. Name mapping covers both families, both tensor
 /// prefixes (`model.`, `model.language_model.`), both expert layouts (stacked
 /// `experts.gate_up_proj` / `experts.down_proj`, and per-expert), and Qwen's FP8 checkpoints
-/// (`weight_scale_inv` beside each e4m3 weight). Host only.
+/// (`weight_scale_inv` beside each e4m3 weight); and llama.cpp GGUF files of the same two
+/// families (`qwen35moe`, `qwen3moe`), whose F32/F16/BF16/Q8_0/Q4_K/Q6_K tensors are used in
+/// place. Host only.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <array>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -26,6 +31,8 @@
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/checkpoint.hpp"
 #include "qflash/io/checksums.hpp"
+#include "qflash/io/gguf.hpp"
+#include "qflash/io/gguf_config.hpp"
 #include "qflash/io/hf_config.hpp"
 #include "qflash/io/progress.hpp"
 #include "qflash/model/model.hpp"
@@ -45,6 +52,7 @@ struct LoadOptions {
 /// What the weights' views point into: the mapped checkpoint and the buffers made at load.
 struct WeightStorage {
   std::unique_ptr<io::Checkpoint> checkpoint;
+  std::unique_ptr<io::GgufFile> gguf;
   std::deque<std::unique_ptr<std::byte[]>> owned;
   std::deque<std::vector<float>> scales;  // fp8 scale grids converted to fp32
 
@@ -86,41 +94,20 @@ inline WeightFormat stored_format(io::TensorRecord const& t) {
   return WeightFormat::kAny;
 }
 
-/// Binds checkpoint tensors as WeightViews in the scheme's formats.
-class Binder {
+/// Binds source matrices in the formats a weight scheme gives them: a view in place when the
+/// source already has that format (and is aligned), else a converted copy in the storage.
+class Converter {
  public:
-  Binder(io::Checkpoint const& ckpt, WeightScheme scheme, WeightStorage& storage, io::Progress* progress)
-      : ckpt_(ckpt), scheme_(scheme), storage_(storage), progress_(progress) {
-    prefix_ = ckpt.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
-  }
+  Converter(WeightScheme scheme, WeightStorage& storage) : scheme_(scheme), storage_(storage) {}
 
-  [[nodiscard]] std::string const& prefix() const { return prefix_; }
-  [[nodiscard]] bool has(std::string const& name) const { return ckpt_.find(name) != nullptr; }
+  [[nodiscard]] WeightScheme scheme() const { return scheme_; }
 
-  /// Rows [rows_begin, rows_begin + rows) of tensor `name` (numel checked against `expected`),
-  /// as a [rows, cols] matrix in the format the scheme gives `role`.
-  WeightView matrix(std::string const& name, WeightRole role, Shape const& expected,
-                    std::int64_t rows_begin, std::int64_t rows, std::int64_t cols) {
-    WeightView const src = source(name, expected, cols).slice_rows(rows_begin, rows);
-    WeightFormat const want = format_for(scheme_, role, cols, src.format);
+  /// `src` (rows of a stored tensor) in the format the scheme gives `role`.
+  WeightView bind(WeightView const& src, WeightRole role) {
+    WeightFormat const want = format_for(scheme_, role, src.cols, src.format);
     if (want != runtime::detail::wanted_format(scheme_, role, src.format)) ++fallbacks_[want];
     if (want == src.format && aligned(src)) return src;
     return convert(src, want);
-  }
-  WeightView matrix(std::string const& name, WeightRole role, std::int64_t rows, std::int64_t cols) {
-    return matrix(name, role, Shape{rows, cols}, 0, rows, cols);
-  }
-
-  /// A whole tensor as fp32, shape checked. In the bf16 scheme its values are rounded to bf16
-  /// too (what casting the whole model to bf16 gives), unless `keep_precision`: Qwen3.6
-  /// checkpoints keep A_log in f32.
-  std::vector<float> vector(std::string const& name, Shape const& expected, bool keep_precision = false) {
-    io::TensorRecord const& t = get(name, expected);
-    std::vector<float> out(static_cast<std::size_t>(t.shape.numel()));
-    io::read_f32(t, out);
-    if (scheme_ == WeightScheme::kBf16 && !keep_precision)
-      for (float& x : out) x = round_to_bf16(x);
-    return out;
   }
 
   /// Rows of `a` then rows of `b` as one matrix (same width), in a's format when they share
@@ -135,41 +122,10 @@ class Binder {
     return out;
   }
 
-  /// Names of checkpoint tensors no binding asked for.
-  [[nodiscard]] std::vector<std::string> unused() const {
-    std::vector<std::string> out;
-    for (auto const& n : ckpt_.names())
-      if (!used_.count(n)) out.push_back(n);
-    return out;
-  }
-
   /// Matrices bound in another format than the scheme names (row widths it cannot hold).
   [[nodiscard]] std::map<WeightFormat, int> const& fallbacks() const { return fallbacks_; }
 
  private:
-  io::TensorRecord const& get(std::string const& name, Shape const& expected) {
-    io::TensorRecord const& t = ckpt_.get(name, expected);
-    if (used_.insert(name).second && progress_) progress_->advance(t.data.size());
-    return t;
-  }
-
-  /// The whole stored tensor as a view [numel / cols, cols], with its fp8 scales.
-  WeightView source(std::string const& name, Shape const& expected, std::int64_t cols) {
-    io::TensorRecord const& t = get(name, expected);
-    WeightView v{stored_format(t), t.data.data(), t.shape.numel() / cols, cols};
-    if (v.format == WeightFormat::kFp8E4m3) {
-      std::string const scale_name = name + "_scale_inv";
-      io::TensorRecord const* s = ckpt_.find(scale_name);
-      QFLASH_CHECK(s, *t.file, ": fp8 tensor '", name, "' has no '", scale_name, "' (128x128 block scales)");
-      Shape const grid{fp8_scale_blocks(v.rows), fp8_scale_blocks(cols)};
-      io::TensorRecord const& sr = get(scale_name, grid);
-      auto& f32 = storage_.scales.emplace_back(static_cast<std::size_t>(grid.numel()));
-      io::read_f32(sr, f32);
-      v.scales = f32.data();
-    }
-    return v;
-  }
-
   static bool aligned(WeightView const& v) {
     auto const a = reinterpret_cast<std::uintptr_t>(v.data);
     return v.format == WeightFormat::kF32 ? a % 4 == 0 : a % 2 == 0;
@@ -205,13 +161,86 @@ class Binder {
     return out;
   }
 
-  io::Checkpoint const& ckpt_;
   WeightScheme scheme_;
+  WeightStorage& storage_;
+  std::map<WeightFormat, int> fallbacks_;
+};
+
+/// Binds checkpoint tensors as WeightViews in the scheme's formats.
+class Binder {
+ public:
+  Binder(io::Checkpoint const& ckpt, WeightScheme scheme, WeightStorage& storage, io::Progress* progress)
+      : ckpt_(ckpt), conv_(scheme, storage), storage_(storage), progress_(progress) {
+    prefix_ = ckpt.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+  }
+
+  [[nodiscard]] std::string const& prefix() const { return prefix_; }
+  [[nodiscard]] bool has(std::string const& name) const { return ckpt_.find(name) != nullptr; }
+
+  /// Rows [rows_begin, rows_begin + rows) of tensor `name` (numel checked against `expected`),
+  /// as a [rows, cols] matrix in the format the scheme gives `role`.
+  WeightView matrix(std::string const& name, WeightRole role, Shape const& expected,
+                    std::int64_t rows_begin, std::int64_t rows, std::int64_t cols) {
+    return conv_.bind(source(name, expected, cols).slice_rows(rows_begin, rows), role);
+  }
+  WeightView matrix(std::string const& name, WeightRole role, std::int64_t rows, std::int64_t cols) {
+    return matrix(name, role, Shape{rows, cols}, 0, rows, cols);
+  }
+
+  /// A whole tensor as fp32, shape checked. In the bf16 scheme its values are rounded to bf16
+  /// too (what casting the whole model to bf16 gives), unless `keep_precision`: Qwen3.6
+  /// checkpoints keep A_log in f32.
+  std::vector<float> vector(std::string const& name, Shape const& expected, bool keep_precision = false) {
+    io::TensorRecord const& t = get(name, expected);
+    std::vector<float> out(static_cast<std::size_t>(t.shape.numel()));
+    io::read_f32(t, out);
+    if (conv_.scheme() == WeightScheme::kBf16 && !keep_precision)
+      for (float& x : out) x = round_to_bf16(x);
+    return out;
+  }
+
+  WeightView stack(WeightView const& a, WeightView const& b) { return conv_.stack(a, b); }
+
+  /// Names of checkpoint tensors no binding asked for.
+  [[nodiscard]] std::vector<std::string> unused() const {
+    std::vector<std::string> out;
+    for (auto const& n : ckpt_.names())
+      if (!used_.count(n)) out.push_back(n);
+    return out;
+  }
+
+  [[nodiscard]] std::map<WeightFormat, int> const& fallbacks() const { return conv_.fallbacks(); }
+
+ private:
+  io::TensorRecord const& get(std::string const& name, Shape const& expected) {
+    io::TensorRecord const& t = ckpt_.get(name, expected);
+    if (used_.insert(name).second && progress_) progress_->advance(t.data.size());
+    return t;
+  }
+
+  /// The whole stored tensor as a view [numel / cols, cols], with its fp8 scales.
+  WeightView source(std::string const& name, Shape const& expected, std::int64_t cols) {
+    io::TensorRecord const& t = get(name, expected);
+    WeightView v{stored_format(t), t.data.data(), t.shape.numel() / cols, cols};
+    if (v.format == WeightFormat::kFp8E4m3) {
+      std::string const scale_name = name + "_scale_inv";
+      io::TensorRecord const* s = ckpt_.find(scale_name);
+      QFLASH_CHECK(s, *t.file, ": fp8 tensor '", name, "' has no '", scale_name, "' (128x128 block scales)");
+      Shape const grid{fp8_scale_blocks(v.rows), fp8_scale_blocks(cols)};
+      io::TensorRecord const& sr = get(scale_name, grid);
+      auto& f32 = storage_.scales.emplace_back(static_cast<std::size_t>(grid.numel()));
+      io::read_f32(sr, f32);
+      v.scales = f32.data();
+    }
+    return v;
+  }
+
+  io::Checkpoint const& ckpt_;
+  Converter conv_;
   WeightStorage& storage_;
   io::Progress* progress_;
   std::string prefix_;
   std::set<std::string> used_;
-  std::map<WeightFormat, int> fallbacks_;
 };
 
 /// Binds every weight the forward pass needs; throws Error naming the file and tensor on a
@@ -306,10 +335,182 @@ inline model::ModelWeights bind_weights(model::ModelConfig const& c, Binder& wb)
   return m;
 }
 
+
+/// The formats a GGUF tensor may hold for qflash to use it.
+inline WeightFormat gguf_format(io::GgufTensor const& t) {
+  switch (t.type) {
+    case io::GgmlType::kF32: return WeightFormat::kF32;
+    case io::GgmlType::kF16: return WeightFormat::kF16;
+    case io::GgmlType::kBF16: return WeightFormat::kBf16;
+    case io::GgmlType::kQ8_0: return WeightFormat::kQ8_0;
+    case io::GgmlType::kQ4_K: return WeightFormat::kQ4K;
+    case io::GgmlType::kQ6_K: return WeightFormat::kQ6K;
+    default:
+      QFLASH_CHECK(false, *t.file, ": tensor '", t.name, "' has type ", io::to_string(t.type),
+                   " (supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K)");
+  }
+  return WeightFormat::kAny;
+}
+
+/// Binds the tensors of a llama.cpp GGUF file (ggml order: ne[0] is the input width).
+class GgufBinder {
+ public:
+  GgufBinder(io::GgufFile const& f, WeightScheme scheme, WeightStorage& storage, io::Progress* progress)
+      : f_(f), conv_(scheme, storage), progress_(progress) {}
+
+  [[nodiscard]] bool has(std::string const& name) const { return f_.find_tensor(name) != nullptr; }
+
+  /// A matrix [rows, cols] stored as ne {cols, rows}.
+  WeightView matrix(std::string const& name, WeightRole role, std::int64_t rows, std::int64_t cols) {
+    io::GgufTensor const& t = get(name, {cols, rows, 1, 1});
+    return conv_.bind(view(t), role);
+  }
+
+  /// Expert e's [rows, cols] of a stacked tensor ne {cols, rows, n_expert}.
+  WeightView expert(std::string const& name, WeightRole role, std::int64_t e, std::int64_t n_expert,
+                    std::int64_t rows, std::int64_t cols) {
+    io::GgufTensor const& t = get(name, {cols, rows, n_expert, 1});
+    return conv_.bind(view(t).slice_rows(e * rows, rows), role);
+  }
+
+  /// A vector of n values as fp32 (any leading ne; ggml stores [n] or {n, 1}).
+  std::vector<float> vector(std::string const& name, std::int64_t n) {
+    io::GgufTensor const& t = get(name, {n, 1, 1, 1});
+    std::vector<float> out(static_cast<std::size_t>(n));
+    dequantize_row(view(t), 0, out.data());
+    return out;
+  }
+  /// A [rows, cols] table (e.g. the conv kernel, ne {d_conv, channels}) as fp32, row-major.
+  std::vector<float> table(std::string const& name, std::int64_t rows, std::int64_t cols) {
+    io::GgufTensor const& t = get(name, {cols, rows, 1, 1});
+    WeightView const v = view(t);
+    std::vector<float> out(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t r = 0; r < rows; ++r) dequantize_row(v, r, out.data() + r * cols);
+    return out;
+  }
+
+  WeightView stack(WeightView const& a, WeightView const& b) { return conv_.stack(a, b); }
+  [[nodiscard]] std::map<WeightFormat, int> const& fallbacks() const { return conv_.fallbacks(); }
+  [[nodiscard]] std::vector<std::string> unused() const {
+    std::vector<std::string> out;
+    for (auto const& t : f_.tensors())
+      if (!used_.count(t.name)) out.push_back(t.name);
+    return out;
+  }
+
+ private:
+  /// The tensor, its ne checked against `want` (trailing 1s may be absent).
+  io::GgufTensor const& get(std::string const& name, std::array<std::int64_t, 4> const& want) {
+    io::GgufTensor const& t = f_.tensor(name);
+    QFLASH_CHECK(t.ne == want, *t.file, ": tensor '", name, "' has shape ", io::format_ne(t), " (expected {",
+                 want[0], ", ", want[1], want[2] > 1 ? ", " + std::to_string(want[2]) : std::string(), "})");
+    if (used_.insert(name).second && progress_) progress_->advance(t.bytes());
+    return t;
+  }
+
+  static WeightView view(io::GgufTensor const& t) {
+    return WeightView{gguf_format(t), t.data.data(), t.rows(), t.ne[0]};
+  }
+
+  io::GgufFile const& f_;
+  Converter conv_;
+  io::Progress* progress_;
+  std::set<std::string> used_;
+};
+
+/// Binds every weight of a qwen35moe / qwen3moe GGUF file (names as llama.cpp's converter
+/// writes them, MODELS.md §5); the config says how the converter changed them.
+inline model::ModelWeights bind_gguf_weights(model::ModelConfig const& c, GgufBinder& wb) {
+  using model::ExpertWeights;
+  std::int64_t const d = c.d_model;
+  model::ModelWeights m;
+  m.embed = wb.matrix("token_embd.weight", WeightRole::kEmbedding, c.vocab, d);
+  m.final_norm = wb.vector("output_norm.weight", d);
+  m.lm_head = c.tie_word_embeddings ? m.embed : wb.matrix("output.weight", WeightRole::kLmHead, c.vocab, d);
+  std::int64_t const n_expert = c.n_expert, d_ff = c.d_ff_expert;
+  for (int l = 0; l < c.n_layer; ++l) {
+    std::string const B = "blk." + std::to_string(l) + ".";
+    model::LayerWeights& w = m.layers.emplace_back();
+    w.kind = c.layer_types[static_cast<std::size_t>(l)];
+    w.input_norm = wb.vector(B + "attn_norm.weight", d);
+    w.post_norm = wb.vector(B + (c.family == ModelFamily::kQwen35Moe ? "post_attention_norm.weight" : "ffn_norm.weight"), d);
+    if (w.kind == model::LayerKind::kFullAttention) {
+      std::int64_t const q_rows = std::int64_t{c.n_head} * c.d_head * (c.attn_output_gate ? 2 : 1);
+      std::int64_t const kv_rows = std::int64_t{c.n_head_kv} * c.d_head;
+      w.attention.q = wb.matrix(B + "attn_q.weight", WeightRole::kAttentionQkv, q_rows, d);
+      w.attention.k = wb.matrix(B + "attn_k.weight", WeightRole::kAttentionQkv, kv_rows, d);
+      w.attention.v = wb.matrix(B + "attn_v.weight", WeightRole::kAttentionV, kv_rows, d);
+      w.attention.o = wb.matrix(B + "attn_output.weight", WeightRole::kAttentionOut, d, std::int64_t{c.n_head} * c.d_head);
+      w.attention.q_norm = wb.vector(B + "attn_q_norm.weight", c.d_head);
+      w.attention.k_norm = wb.vector(B + "attn_k_norm.weight", c.d_head);
+    } else {
+      std::int64_t const key_dim = std::int64_t{c.n_head_k_linear} * c.d_head_k_linear;
+      std::int64_t const value_dim = std::int64_t{c.n_head_v_linear} * c.d_head_v_linear;
+      std::int64_t const conv_dim = 2 * key_dim + value_dim;
+      w.linear.qkv = wb.matrix(B + "attn_qkv.weight", WeightRole::kDeltaNetIn, conv_dim, d);
+      w.linear.z = wb.matrix(B + "attn_gate.weight", WeightRole::kDeltaNetIn, value_dim, d);
+      w.linear.b = wb.matrix(B + "ssm_beta.weight", WeightRole::kDeltaNetIn, c.n_head_v_linear, d);
+      w.linear.a = wb.matrix(B + "ssm_alpha.weight", WeightRole::kDeltaNetIn, c.n_head_v_linear, d);
+      w.linear.out = wb.matrix(B + "ssm_out.weight", WeightRole::kDeltaNetOut, d, value_dim);
+      w.linear.conv = wb.table(B + "ssm_conv1d.weight", conv_dim, c.d_conv);
+      w.linear.dt_bias = wb.vector(B + "ssm_dt.bias", c.n_head_v_linear);
+      w.linear.neg_a = wb.vector(B + "ssm_a", c.n_head_v_linear);  // stored as -exp(A_log)
+      w.linear.norm = wb.vector(B + "ssm_norm.weight", c.d_head_v_linear);
+    }
+    WeightView const router = wb.matrix(B + "ffn_gate_inp.weight", WeightRole::kRouter, n_expert, d);
+    for (std::int64_t e = 0; e < n_expert; ++e)
+      w.moe.experts.push_back({wb.expert(B + "ffn_gate_exps.weight", WeightRole::kExpert, e, n_expert, d_ff, d),
+                               wb.expert(B + "ffn_up_exps.weight", WeightRole::kExpert, e, n_expert, d_ff, d),
+                               wb.expert(B + "ffn_down_exps.weight", WeightRole::kExpert, e, n_expert, d, d_ff)});
+    if (c.d_ff_shared > 0) {
+      w.moe.shared = ExpertWeights{wb.matrix(B + "ffn_gate_shexp.weight", WeightRole::kSharedExpert, c.d_ff_shared, d),
+                                   wb.matrix(B + "ffn_up_shexp.weight", WeightRole::kSharedExpert, c.d_ff_shared, d),
+                                   wb.matrix(B + "ffn_down_shexp.weight", WeightRole::kSharedExpert, d, c.d_ff_shared)};
+      // ffn_gate_inp_shexp is [d] or {d, 1}: one row either way.
+      w.moe.router = wb.stack(router, wb.matrix(B + "ffn_gate_inp_shexp.weight", WeightRole::kRouter, 1, d));
+    } else {
+      w.moe.router = router;
+    }
+  }
+  std::vector<std::string> const unused = wb.unused();
+  if (!unused.empty())
+    QFLASH_LOG_INFO(unused.size(), " GGUF tensors are not used (e.g. MTP blocks), e.g. '", unused.front(), "'");
+  for (auto const& [f, n] : wb.fallbacks())
+    QFLASH_LOG_INFO(n, " matrices bound as ", to_string(f),
+                    " instead: their row width does not fit the scheme's block format");
+  return m;
+}
 }  // namespace detail
 
-/// Loads a Hugging Face model directory; throws Error naming the file and field/tensor.
+/// True when `path` is a GGUF file (by its magic), not a model directory.
+inline bool is_gguf_file(std::string const& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream f(path, std::ios::binary);
+  char magic[4] = {};
+  f.read(magic, 4);
+  return f.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+/// Loads a llama.cpp GGUF file (qwen35moe or qwen3moe); throws Error naming the file and key/tensor.
+inline LoadedModel load_gguf(std::string const& path, LoadOptions const& opts = {}) {
+  LoadedModel m;
+  m.scheme = opts.weights;
+  m.storage = std::make_shared<WeightStorage>();
+  m.storage->gguf = std::make_unique<io::GgufFile>(path);
+  io::GgufFile const& f = *m.storage->gguf;
+  m.config = io::config_from_gguf(f);
+  io::Progress progress("loading " + path, f.weight_bytes(), opts.progress);
+  detail::GgufBinder binder(f, opts.weights, *m.storage, &progress);
+  m.weights = detail::bind_gguf_weights(m.config, binder);
+  progress.finish();
+  return m;
+}
+
+/// Loads a Hugging Face model directory, or a GGUF file (load_gguf); throws Error naming the
+/// file and field/tensor.
 inline LoadedModel load_model(std::string const& dir, LoadOptions const& opts = {}) {
+  if (is_gguf_file(dir)) return load_gguf(dir, opts);
   if (opts.verify_checksums && io::has_checksums(dir)) io::verify_checksums(dir);
   LoadedModel m;
   m.config = io::load_config(dir);

@@ -1,8 +1,9 @@
 /// @file
 /// The gated delta rule of Gated DeltaNet (MODELS.md §3c.5-7) for one sequence, all heads.
 ///
-/// Value head j reads q/k head floor(j / r), r = n_head_v / n_head_k. Per value head, with the
-/// state S [d_k, d_v] (indexed [k-dim][v-dim]) and, for each token t in order,
+/// Value head j reads q/k head floor(j / r), r = n_head_v / n_head_k ("grouped", Hugging Face's
+/// order), or j mod n_head_k with `tiled_value_heads` (the order llama.cpp's converter stores).
+/// Per value head, with the state S [d_k, d_v] (indexed [k-dim][v-dim]) and, for each token t in order,
 ///   q̂ = l2norm(q_t) / sqrt(d_k),  k̂ = l2norm(k_t),  l2norm(x) = x * rsqrt(sum(x^2) + eps)
 ///   S ← e^{g_t} S;  u = Sᵀk̂;  δ = β_t (v_t − u);  S ← S + k̂ δᵀ;  o_t = Sᵀq̂
 /// i.e. S_t = (I − β_t k̂k̂ᵀ) e^{g_t} S_{t−1} + β_t k̂ v_tᵀ. `state` carries S between calls, so a
@@ -70,6 +71,7 @@ struct GatedDeltaArgs {
   std::int64_t q_stride = 0;
   std::int64_t k_stride = 0;
   std::int64_t v_stride = 0;
+  bool tiled_value_heads = false;  ///< value head j reads q/k head j % n_head_k (GGUF order)
   DeltaRuleForm form = DeltaRuleForm::kChunked;
   /// Tokens per chunk of the chunked form, in [1, kMaxDeltaChunk] (ignored by kRecurrent); a
   /// call shorter than one chunk runs as one chunk of n_tokens.

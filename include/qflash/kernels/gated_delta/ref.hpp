@@ -29,7 +29,7 @@ inline void gated_delta(GatedDeltaArgs const& a) {
     for (std::int64_t i = 0; i < dk; ++i) y[i] = x[i] * f;
   };
   for (int h = 0; h < a.n_head_v; ++h) {
-    int const kh = h / group;
+    int const kh = a.tiled_value_heads ? h % a.n_head_k : h / group;
     float* const state = a.state + h * dk * dv;
     for (std::int64_t i = 0; i < dk * dv; ++i) s[i] = state[i];
     for (std::int64_t t = 0; t < a.n_tokens; ++t) {

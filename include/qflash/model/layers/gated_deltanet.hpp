@@ -90,6 +90,7 @@ class GatedDeltaNet {
       a.n_head_v = hv;
       a.d_k = dk;
       a.d_v = dv;
+      a.tiled_value_heads = cfg_.tiled_value_heads;
       a.form = n == 1 ? kernels::DeltaRuleForm::kRecurrent : opts_.prefill_form;
       a.chunk_size = opts_.chunk;
       check_launch(kernels::launch_gated_delta<S>(Arch{}, a, stream), "gated_delta");

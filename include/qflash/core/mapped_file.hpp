@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
@@ -75,5 +76,15 @@ class MappedFile {
   std::byte const* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+/// Drops the resident pages that lie wholly inside `range` of a read-only file mapping (what
+/// the loader does once a tensor has been converted and its stored bytes are no longer read),
+/// so resident memory holds the converted copy only. Later reads fault the pages back in.
+inline void release_mapped_pages(std::span<std::byte const> range) {
+  auto const page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  auto const begin = (reinterpret_cast<std::uintptr_t>(range.data()) + page - 1) / page * page;
+  auto const end = (reinterpret_cast<std::uintptr_t>(range.data()) + range.size()) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
 
 }  // namespace qflash

@@ -28,6 +28,7 @@
 #include "qflash/arch/arch.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/core/log.hpp"
+#include "qflash/core/mapped_file.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/checkpoint.hpp"
 #include "qflash/io/checksums.hpp"
@@ -102,12 +103,15 @@ class Converter {
 
   [[nodiscard]] WeightScheme scheme() const { return scheme_; }
 
-  /// `src` (rows of a stored tensor) in the format the scheme gives `role`.
+  /// `src` (rows of a stored tensor, in a file mapping) in the format the scheme gives
+  /// `role`. A converted tensor's stored pages are released: resident memory holds one copy.
   WeightView bind(WeightView const& src, WeightRole role) {
     WeightFormat const want = format_for(scheme_, role, src.cols, src.format);
     if (want != runtime::detail::wanted_format(scheme_, role, src.format)) ++fallbacks_[want];
     if (want == src.format && aligned(src)) return src;
-    return convert(src, want);
+    WeightView const out = convert(src, want);
+    release_mapped_pages({static_cast<std::byte const*>(src.data), static_cast<std::size_t>(src.bytes())});
+    return out;
   }
 
   /// Rows of `a` then rows of `b` as one matrix (same width), in a's format when they share
@@ -181,7 +185,16 @@ class Binder {
   /// as a [rows, cols] matrix in the format the scheme gives `role`.
   WeightView matrix(std::string const& name, WeightRole role, Shape const& expected,
                     std::int64_t rows_begin, std::int64_t rows, std::int64_t cols) {
-    return conv_.bind(source(name, expected, cols).slice_rows(rows_begin, rows), role);
+    WeightView src = source(name, expected, cols);
+    if (src.format == WeightFormat::kFp8E4m3 && expected.rank == 3) {
+      // A stacked fp8 tensor has one scale grid per expert: view the expert alone.
+      std::int64_t const per = expected.dims[1], e = rows_begin / per;
+      src = src.slice_rows(e * per, per);
+      src.scales += e * fp8_scale_blocks(per) * fp8_scale_blocks(cols);
+      src.scale_row0 = 0;
+      rows_begin -= e * per;
+    }
+    return conv_.bind(src.slice_rows(rows_begin, rows), role);
   }
   WeightView matrix(std::string const& name, WeightRole role, std::int64_t rows, std::int64_t cols) {
     return matrix(name, role, Shape{rows, cols}, 0, rows, cols);
@@ -222,17 +235,24 @@ class Binder {
   WeightView source(std::string const& name, Shape const& expected, std::int64_t cols) {
     io::TensorRecord const& t = get(name, expected);
     WeightView v{stored_format(t), t.data.data(), t.shape.numel() / cols, cols};
-    if (v.format == WeightFormat::kFp8E4m3) {
-      std::string const scale_name = name + "_scale_inv";
-      io::TensorRecord const* s = ckpt_.find(scale_name);
-      QFLASH_CHECK(s, *t.file, ": fp8 tensor '", name, "' has no '", scale_name, "' (128x128 block scales)");
-      Shape const grid{fp8_scale_blocks(v.rows), fp8_scale_blocks(cols)};
-      io::TensorRecord const& sr = get(scale_name, grid);
-      auto& f32 = storage_.scales.emplace_back(static_cast<std::size_t>(grid.numel()));
-      io::read_f32(sr, f32);
-      v.scales = f32.data();
-    }
+    if (v.format == WeightFormat::kFp8E4m3) v.scales = fp8_scales(t, cols);
     return v;
+  }
+
+  /// The fp32 scale grid of an fp8 tensor: [ceil(R / 128), ceil(C / 128)] for a matrix, and
+  /// one such grid per expert, [E, ...], for a stacked [E, R, C] tensor. Read once per tensor.
+  float const* fp8_scales(io::TensorRecord const& t, std::int64_t cols) {
+    std::string const scale_name = t.name + "_scale_inv";
+    if (auto it = scales_.find(scale_name); it != scales_.end()) return it->second;
+    QFLASH_CHECK(ckpt_.find(scale_name), *t.file, ": fp8 tensor '", t.name, "' has no '", scale_name,
+                 "' (128x128 block scales)");
+    Shape const grid = t.shape.rank == 3
+                           ? Shape{t.shape.dims[0], fp8_scale_blocks(t.shape.dims[1]), fp8_scale_blocks(cols)}
+                           : Shape{fp8_scale_blocks(t.shape.numel() / cols), fp8_scale_blocks(cols)};
+    io::TensorRecord const& sr = get(scale_name, grid);
+    auto& f32 = storage_.scales.emplace_back(static_cast<std::size_t>(grid.numel()));
+    io::read_f32(sr, f32);
+    return scales_[scale_name] = f32.data();
   }
 
   io::Checkpoint const& ckpt_;
@@ -241,6 +261,7 @@ class Binder {
   io::Progress* progress_;
   std::string prefix_;
   std::set<std::string> used_;
+  std::map<std::string, float const*> scales_;  // fp8 scale grids already read, by name
 };
 
 /// Binds every weight the forward pass needs; throws Error naming the file and tensor on a

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "qflash/io/npy.hpp"
 #include "qflash/runtime/load_model.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace qflash;
 
@@ -166,4 +168,49 @@ TEST_CASE("GGUF files qflash cannot run are refused, naming the file and the rea
   // A vocabulary-only conversion has no architecture qflash runs and no weights.
   CHECK_THROWS_WITH_AS(runtime::load_model(kGguf + "tokenizer-qwen35.gguf", quiet()),
                        doctest::Contains("tokenizer-qwen35.gguf"), Error);
+}
+
+namespace {
+
+/// A copy of a fixture GGUF with `from` replaced by `to` (same length) at its first occurrence.
+std::string patched(std::string const& fixture, std::string const& from, std::string const& to,
+                    std::string const& dir) {
+  REQUIRE(from.size() == to.size());
+  std::ifstream in(kGguf + fixture, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto const at = bytes.find(from);
+  REQUIRE(at != std::string::npos);
+  bytes.replace(at, from.size(), to);
+  std::string const path = dir + "/" + fixture;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("GGUF models with an unknown architecture, a missing key or an unsupported type are refused") {
+  test::TempDir const tmp;
+  std::string const f = "qwen3_5_moe_tiny-F32.gguf";
+  CHECK_THROWS_WITH_AS(runtime::load_model(patched(f, "qwen35moe", "qwen99moe", tmp.dir()), quiet()),
+                       doctest::Contains("general.architecture 'qwen99moe' is not supported"), Error);
+  CHECK_THROWS_WITH_AS(runtime::load_model(patched(f, "qwen35moe.expert_count", "qwen35moe.expert_cxxxt", tmp.dir()), quiet()),
+                       doctest::Contains("qwen35moe.expert_count"), Error);
+  // token_embd.weight's type id (after its name, n_dims and two ne) from F32 to I32: same size,
+  // so the file parses, but qflash cannot compute with it.
+  std::ifstream in(kGguf + f, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string const name = "token_embd.weight";
+  auto const at = bytes.find(name);
+  REQUIRE(at != std::string::npos);
+  std::size_t const type_at = at + name.size() + 4 + 2 * 8;
+  std::uint32_t type = 0;
+  std::memcpy(&type, bytes.data() + type_at, 4);
+  REQUIRE(type == 0);  // F32
+  type = 26;           // I32
+  std::memcpy(bytes.data() + type_at, &type, 4);
+  std::string const path = tmp.dir() + "/i32.gguf";
+  std::ofstream(path, std::ios::binary) << bytes;
+  CHECK_THROWS_WITH_AS(runtime::load_model(path, quiet()),
+                       doctest::Contains("tensor 'token_embd.weight' has type I32 (supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K)"),
+                       Error);
 }

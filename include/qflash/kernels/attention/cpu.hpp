@@ -10,12 +10,12 @@
 #include "qflash/core/parallel.hpp"
 #include "qflash/kernels/attention/op.hpp"
 
-namespace qflash::kernels {
+namespace qflash::kernels::cpu {
 
-template <MoeSpec S>
-Status launch_attention(arch::Cpu, AttentionArgs const& a, stream_t) {
-  if (Status s = can_implement_attention<S>(a); s != Status::kSuccess) return s;
-  int const d = dim<S.d_head>(a.d_head);
+/// The op for head width D (kDynamic: any): the one spec field its loops depend on.
+template <int D>
+Status attention(AttentionArgs const& a) {
+  int const d = dim<D>(a.d_head);
   std::int64_t const gate_hs = a.gate_head_stride ? a.gate_head_stride : d;
   int const group = a.n_head / a.n_head_kv;
   std::int64_t const n_items = a.n_tokens * a.n_head;
@@ -51,6 +51,16 @@ Status launch_attention(arch::Cpu, AttentionArgs const& a, stream_t) {
     }
   });
   return Status::kSuccess;
+}
+
+}  // namespace qflash::kernels::cpu
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_attention(arch::Cpu, AttentionArgs const& a, stream_t) {
+  if (Status s = can_implement_attention<S>(a); s != Status::kSuccess) return s;
+  return cpu::attention<S.d_head>(a);
 }
 
 }  // namespace qflash::kernels

@@ -11,13 +11,13 @@
 #include "qflash/core/parallel.hpp"
 #include "qflash/kernels/router_topk/op.hpp"
 
-namespace qflash::kernels {
+namespace qflash::kernels::cpu {
 
-template <MoeSpec S>
-Status launch_router_topk(arch::Cpu, RouterTopkArgs const& a, stream_t) {
-  if (Status s = can_implement_router_topk<S>(a); s != Status::kSuccess) return s;
-  int const n_expert = dim<S.n_expert>(a.n_expert);
-  int const k = dim<S.n_expert_used>(a.n_expert_used);
+/// The op for E experts, top-K (kDynamic: any): the spec fields its loops depend on.
+template <int E, int K>
+Status router_topk(RouterTopkArgs const& a) {
+  int const n_expert = dim<E>(a.n_expert);
+  int const k = dim<K>(a.n_expert_used);
   parallel_for(0, a.n_tokens, 4 * n_expert, [&](std::int64_t t) {
     thread_local std::vector<float> p;
     thread_local std::vector<int> order;
@@ -45,6 +45,16 @@ Status launch_router_topk(arch::Cpu, RouterTopkArgs const& a, stream_t) {
     }
   });
   return Status::kSuccess;
+}
+
+}  // namespace qflash::kernels::cpu
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_router_topk(arch::Cpu, RouterTopkArgs const& a, stream_t) {
+  if (Status s = can_implement_router_topk<S>(a); s != Status::kSuccess) return s;
+  return cpu::router_topk<S.n_expert, S.n_expert_used>(a);
 }
 
 }  // namespace qflash::kernels

@@ -14,7 +14,10 @@
 #include <vector>
 
 #include "qflash/io/npy.hpp"
+#include "qflash/io/safetensors.hpp"
+#include "qflash/numeric/bf16.hpp"
 #include "qflash/runtime/load_model.hpp"
+#include "support/safetensors_writer.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace qflash;
@@ -213,4 +216,34 @@ TEST_CASE("GGUF models with an unknown architecture, a missing key or an unsuppo
   CHECK_THROWS_WITH_AS(runtime::load_model(path, quiet()),
                        doctest::Contains("tensor 'token_embd.weight' has type I32 (supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K)"),
                        Error);
+}
+
+TEST_CASE("BF16 GGUF files equal qflash on the HF directory holding the same values") {
+  // llama.cpp's converter stores matrices in bf16 and keeps norms, routers, the shared-expert
+  // gate, conv and DeltaNet gate parameters in f32: write an HF directory with exactly those
+  // roundings (as f32 values) and both must give the same logits.
+  for (std::string const name : {"qwen3_5_moe_tiny", "qwen3_moe_tiny"}) {
+    CAPTURE(name);
+    test::TempDir const tmp;
+    io::SafetensorsFile const src(kFixtures + "/" + name + "/model.safetensors");
+    std::vector<test::Entry> entries;
+    for (auto const& t : src.tensors()) {
+      auto v = io::read_f32(t);
+      bool const bf16 = t.shape.rank == 2 && !t.name.ends_with("mlp.gate.weight") &&
+                        !t.name.ends_with("shared_expert_gate.weight");
+      if (bf16)
+        for (float& x : v) x = round_to_bf16(x);
+      std::vector<std::int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.rank);
+      entries.push_back({t.name, "F32", shape, test::to_bytes(v)});
+    }
+    test::write_safetensors(tmp.file("model.safetensors"), entries);
+    std::filesystem::copy_file(kFixtures + "/" + name + "/config.json", tmp.path / "config.json");
+    auto hf = runtime::load_model_as<spec::generic>(tmp.dir(), quiet());
+    auto gguf = runtime::load_model_as<spec::generic>(kGguf + name + "-BF16.gguf", quiet());
+    for (int i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      auto const ids = prompt(name, i);
+      CHECK(max_abs_diff(logits_of(*gguf, ids), logits_of(*hf, ids)) <= 1e-4);
+    }
+  }
 }

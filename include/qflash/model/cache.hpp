@@ -31,8 +31,7 @@ class SequenceState {
  public:
   explicit SequenceState(ModelConfig const& cfg)
       : max_positions_(cfg.max_position_embeddings), layers_(cfg.layer_types.size()) {
-    std::size_t const conv_dim = static_cast<std::size_t>(
-        2 * cfg.n_head_k_linear * cfg.d_head_k_linear + cfg.n_head_v_linear * cfg.d_head_v_linear);
+    std::size_t const conv_dim = static_cast<std::size_t>(cfg.linear_conv_dim());
     for (std::size_t l = 0; l < layers_.size(); ++l)
       if (cfg.layer_types[l] == LayerKind::kLinearAttention) {
         layers_[l].linear.conv.assign(conv_dim * static_cast<std::size_t>(cfg.d_conv - 1), 0.0f);

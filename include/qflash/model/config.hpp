@@ -106,10 +106,16 @@ struct ModelConfig {
            + q * dm                             // o_proj
            + 2 * std::int64_t{d_head};          // q_norm, k_norm
   }
+  // --- Gated DeltaNet widths ----------------------------------------------------------------
+  [[nodiscard]] std::int64_t linear_key_dim() const { return std::int64_t{n_head_k_linear} * d_head_k_linear; }
+  [[nodiscard]] std::int64_t linear_value_dim() const { return std::int64_t{n_head_v_linear} * d_head_v_linear; }
+  /// Channels of the causal conv: q | k | v.
+  [[nodiscard]] std::int64_t linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
+
   [[nodiscard]] std::int64_t n_params_linear_attention_layer() const {
     std::int64_t const dm = d_model, hv = n_head_v_linear;
-    std::int64_t const value_dim = hv * d_head_v_linear;
-    std::int64_t const conv_dim = 2 * std::int64_t{n_head_k_linear} * d_head_k_linear + value_dim;
+    std::int64_t const value_dim = linear_value_dim();
+    std::int64_t const conv_dim = linear_conv_dim();
     return conv_dim * dm         // in_proj_qkv
            + value_dim * dm      // in_proj_z
            + 2 * hv * dm         // in_proj_b, in_proj_a
@@ -150,8 +156,7 @@ struct ModelConfig {
   [[nodiscard]] std::int64_t linear_state_bytes_per_sequence(DType conv_dtype,
                                                              DType state_dtype) const {
     if (d_conv == 0) return 0;
-    std::int64_t const conv_dim = 2 * std::int64_t{n_head_k_linear} * d_head_k_linear +
-                                  std::int64_t{n_head_v_linear} * d_head_v_linear;
+    std::int64_t const conv_dim = linear_conv_dim();
     std::int64_t const per_layer =
         conv_dim * (d_conv - 1) * static_cast<std::int64_t>(size_of(conv_dtype)) +
         std::int64_t{n_head_v_linear} * d_head_k_linear * d_head_v_linear *

@@ -23,7 +23,6 @@
 #include "qflash/core/error.hpp"
 #include "qflash/kernels/add_rmsnorm/op.hpp"
 #include "qflash/kernels/embedding/op.hpp"
-#include "qflash/kernels/linear/op.hpp"
 #include "qflash/model/cache.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/model/layers/common.hpp"
@@ -130,21 +129,17 @@ class Model {
     seen(cfg_.n_layer, h);
     seen(cfg_.n_layer + 1, xn);
 
-    // Logits of the rows asked for.
-    kernels::LinearArgs a{};
-    a.w = w_.lm_head;
-    a.x = xn;
-    a.n_tokens = T;
+    // Logits of the rows asked for: every row, or each sequence's last (gathered into mix).
+    float const* rows = xn;
+    std::int64_t n_rows = T;
     if (which == LogitsFor::kLastToken) {
-      // The last row of each sequence: rows begin[i+1] - 1, gathered into mix.
       for (std::size_t i = 0; i < seqs.size(); ++i)
         std::copy_n(xn + (batch_.begin[i + 1] - 1) * d, d, mix + static_cast<std::int64_t>(i) * d);
-      a.x = mix;
-      a.n_tokens = static_cast<std::int64_t>(seqs.size());
+      rows = mix;
+      n_rows = static_cast<std::int64_t>(seqs.size());
     }
-    logits.resize(static_cast<std::size_t>(a.n_tokens * cfg_.vocab));
-    a.y = logits.data();
-    check_launch(kernels::launch_linear<S>(Arch{}, a, stream), "lm_head");
+    logits.resize(static_cast<std::size_t>(n_rows * cfg_.vocab));
+    project<S, Arch>(w_.lm_head, rows, n_rows, logits.data(), stream, "lm_head");
 
     for (auto const& c : seqs) c.state->advance(static_cast<std::int64_t>(c.tokens.size()));
   }

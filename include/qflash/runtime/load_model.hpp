@@ -170,6 +170,13 @@ class Converter {
   std::map<WeightFormat, int> fallbacks_;
 };
 
+/// One log line per format that matrices fell back to.
+inline void log_fallbacks(std::map<WeightFormat, int> const& fallbacks) {
+  for (auto const& [f, n] : fallbacks)
+    QFLASH_LOG_INFO(n, " matrices bound as ", to_string(f),
+                    " instead: their row width does not fit the scheme's block format");
+}
+
 /// Binds checkpoint tensors as WeightViews in the scheme's formats.
 class Binder {
  public:
@@ -297,9 +304,7 @@ inline model::ModelWeights bind_weights(model::ModelConfig const& c, Binder& wb)
       w.attention.k_norm = wb.vector(A + "k_norm.weight", Shape{c.d_head});
     } else {
       std::string const A = L + "linear_attn.";
-      std::int64_t const key_dim = std::int64_t{c.n_head_k_linear} * c.d_head_k_linear;
-      std::int64_t const value_dim = std::int64_t{c.n_head_v_linear} * c.d_head_v_linear;
-      std::int64_t const conv_dim = 2 * key_dim + value_dim;
+      std::int64_t const value_dim = c.linear_value_dim(), conv_dim = c.linear_conv_dim();
       w.linear.qkv = wb.matrix(A + "in_proj_qkv.weight", WeightRole::kDeltaNetIn, conv_dim, d);
       w.linear.z = wb.matrix(A + "in_proj_z.weight", WeightRole::kDeltaNetIn, value_dim, d);
       w.linear.b = wb.matrix(A + "in_proj_b.weight", WeightRole::kDeltaNetIn, c.n_head_v_linear, d);
@@ -350,9 +355,7 @@ inline model::ModelWeights bind_weights(model::ModelConfig const& c, Binder& wb)
   if (skipped) QFLASH_LOG_INFO("skipped ", skipped, " vision/MTP tensors (not used by the text model)");
   if (!unknown.empty())
     QFLASH_LOG_WARN(unknown.size(), " checkpoint tensors are not used, e.g. '", unknown.front(), "'");
-  for (auto const& [f, n] : wb.fallbacks())
-    QFLASH_LOG_INFO(n, " matrices bound as ", to_string(f),
-                    " instead: their row width does not fit the scheme's block format");
+  log_fallbacks(wb.fallbacks());
   return m;
 }
 
@@ -465,9 +468,7 @@ inline model::ModelWeights bind_gguf_weights(model::ModelConfig const& c, GgufBi
       w.attention.q_norm = wb.vector(B + "attn_q_norm.weight", c.d_head);
       w.attention.k_norm = wb.vector(B + "attn_k_norm.weight", c.d_head);
     } else {
-      std::int64_t const key_dim = std::int64_t{c.n_head_k_linear} * c.d_head_k_linear;
-      std::int64_t const value_dim = std::int64_t{c.n_head_v_linear} * c.d_head_v_linear;
-      std::int64_t const conv_dim = 2 * key_dim + value_dim;
+      std::int64_t const value_dim = c.linear_value_dim(), conv_dim = c.linear_conv_dim();
       w.linear.qkv = wb.matrix(B + "attn_qkv.weight", WeightRole::kDeltaNetIn, conv_dim, d);
       w.linear.z = wb.matrix(B + "attn_gate.weight", WeightRole::kDeltaNetIn, value_dim, d);
       w.linear.b = wb.matrix(B + "ssm_beta.weight", WeightRole::kDeltaNetIn, c.n_head_v_linear, d);
@@ -496,9 +497,7 @@ inline model::ModelWeights bind_gguf_weights(model::ModelConfig const& c, GgufBi
   std::vector<std::string> const unused = wb.unused();
   if (!unused.empty())
     QFLASH_LOG_INFO(unused.size(), " GGUF tensors are not used (e.g. MTP blocks), e.g. '", unused.front(), "'");
-  for (auto const& [f, n] : wb.fallbacks())
-    QFLASH_LOG_INFO(n, " matrices bound as ", to_string(f),
-                    " instead: their row width does not fit the scheme's block format");
+  log_fallbacks(wb.fallbacks());
   return m;
 }
 }  // namespace detail

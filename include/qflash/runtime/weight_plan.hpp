@@ -149,13 +149,12 @@ inline WeightPlan plan_weights(model::ModelConfig const& c, WeightScheme s, Weig
       add(WeightRole::kAttentionOut, d, q);
       p.vector_bytes += 8 * std::int64_t{c.d_head};
     } else {
-      std::int64_t const key = std::int64_t{c.n_head_k_linear} * c.d_head_k_linear;
-      std::int64_t const value = std::int64_t{c.n_head_v_linear} * c.d_head_v_linear;
-      add(WeightRole::kDeltaNetIn, 2 * key + value, d);
+      std::int64_t const value = c.linear_value_dim(), conv = c.linear_conv_dim();
+      add(WeightRole::kDeltaNetIn, conv, d);
       add(WeightRole::kDeltaNetIn, value, d);
       add(WeightRole::kDeltaNetIn, c.n_head_v_linear, d, 2);
       add(WeightRole::kDeltaNetOut, d, value);
-      p.vector_bytes += 4 * ((2 * key + value) * c.d_conv + 2 * c.n_head_v_linear + c.d_head_v_linear);
+      p.vector_bytes += 4 * (conv * c.d_conv + 2 * c.n_head_v_linear + c.d_head_v_linear);
     }
     add(WeightRole::kRouter, c.n_expert + (c.d_ff_shared > 0 ? 1 : 0), d);
     add(WeightRole::kExpert, c.d_ff_expert, d, 2 * std::int64_t{c.n_expert});

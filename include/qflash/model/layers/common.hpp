@@ -12,6 +12,7 @@
 #include "qflash/core/config.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/core/status.hpp"
+#include "qflash/kernels/linear/op.hpp"
 #include "qflash/model/cache.hpp"
 
 namespace qflash::model {
@@ -48,5 +49,19 @@ struct Scratch {
 /// Throws Error naming the op when a launcher refused its arguments: a shape the model
 /// handed a kernel that the compiled instance cannot run is a bug or an unsupported model.
 inline void check_launch(Status s, char const* op) { QFLASH_CHECK_STATUS(s, op); }
+
+/// y = x Wᵀ for `rows` token rows: every projection of the layers.
+/// @param x  [rows, w.cols]
+/// @param y  [rows, w.rows]
+template <MoeSpec S, class Arch>
+void project(WeightView const& w, float const* x, std::int64_t rows, float* y, stream_t stream,
+             char const* what = "linear") {
+  kernels::LinearArgs a{};
+  a.w = w;
+  a.x = x;
+  a.y = y;
+  a.n_tokens = rows;
+  check_launch(kernels::launch_linear<S>(Arch{}, a, stream), what);
+}
 
 }  // namespace qflash::model

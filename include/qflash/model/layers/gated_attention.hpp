@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "qflash/kernels/attention/op.hpp"
-#include "qflash/kernels/linear/op.hpp"
 #include "qflash/kernels/qk_norm_rope/op.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/model/layers/common.hpp"
@@ -40,9 +39,9 @@ class GatedAttention {
     float* k = Scratch::sized(s.k, T * kv_width);
     float* v = Scratch::sized(s.v, T * kv_width);
     float* o = Scratch::sized(s.o, T * q_width);
-    project(w_.q, x, T, qg, stream);
-    project(w_.k, x, T, k, stream);
-    project(w_.v, x, T, v, stream);
+    project<S, Arch>(w_.q, x, T, qg, stream);
+    project<S, Arch>(w_.k, x, T, k, stream);
+    project<S, Arch>(w_.v, x, T, v, stream);
     norm_rope(qg, w_.q.rows, q_head_stride, w_.q_norm.data(), q, nh, batch, stream);
     norm_rope(k, kv_width, dh, w_.k_norm.data(), k, nkv, batch, stream);
 
@@ -69,19 +68,10 @@ class GatedAttention {
       }
       check_launch(kernels::launch_attention<S>(Arch{}, a, stream), "attention");
     }
-    project(w_.o, o, T, out, stream);
+    project<S, Arch>(w_.o, o, T, out, stream);
   }
 
  private:
-  static void project(WeightView const& w, float const* x, std::int64_t rows, float* y, stream_t stream) {
-    kernels::LinearArgs a{};
-    a.w = w;
-    a.x = x;
-    a.y = y;
-    a.n_tokens = rows;
-    check_launch(kernels::launch_linear<S>(Arch{}, a, stream), "linear");
-  }
-
   void norm_rope(float const* x, std::int64_t token_stride, std::int64_t head_stride,
                  float const* weight, float* y, int n_head, Batch const& batch, stream_t stream) const {
     kernels::QkNormRopeArgs a{};

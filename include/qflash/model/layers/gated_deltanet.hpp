@@ -11,7 +11,6 @@
 #include "qflash/kernels/gated_delta/op.hpp"
 #include "qflash/kernels/gated_rmsnorm/op.hpp"
 #include "qflash/kernels/gdn_gates/op.hpp"
-#include "qflash/kernels/linear/op.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/model/layers/common.hpp"
 #include "qflash/model/weights.hpp"
@@ -48,10 +47,10 @@ class GatedDeltaNet {
     float* beta = Scratch::sized(s.beta, T * hv);
     float* g = Scratch::sized(s.g, T * hv);
     float* o = Scratch::sized(s.o, T * value_dim);
-    project(w_.qkv, x, T, mixed, stream);
-    project(w_.z, x, T, z, stream);
-    project(w_.b, x, T, beta, stream);
-    project(w_.a, x, T, g, stream);
+    project<S, Arch>(w_.qkv, x, T, mixed, stream);
+    project<S, Arch>(w_.z, x, T, z, stream);
+    project<S, Arch>(w_.b, x, T, beta, stream);
+    project<S, Arch>(w_.a, x, T, g, stream);
 
     kernels::GdnGatesArgs ga{};
     ga.beta = beta;
@@ -105,19 +104,10 @@ class GatedDeltaNet {
     gn.n_cols = dv;
     gn.eps = cfg_.rms_norm_eps;
     check_launch(kernels::launch_gated_rmsnorm<S>(Arch{}, gn, stream), "gated_rmsnorm");
-    project(w_.out, o, T, out, stream);
+    project<S, Arch>(w_.out, o, T, out, stream);
   }
 
  private:
-  static void project(WeightView const& w, float const* x, std::int64_t rows, float* y, stream_t stream) {
-    kernels::LinearArgs a{};
-    a.w = w;
-    a.x = x;
-    a.y = y;
-    a.n_tokens = rows;
-    check_launch(kernels::launch_linear<S>(Arch{}, a, stream), "linear");
-  }
-
   ModelConfig const& cfg_;
   LinearAttentionWeights const& w_;
   std::size_t layer_;

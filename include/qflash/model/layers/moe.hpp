@@ -9,7 +9,6 @@
 #include <span>
 
 #include "qflash/kernels/expert_ffn/op.hpp"
-#include "qflash/kernels/linear/op.hpp"
 #include "qflash/kernels/router_topk/op.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/model/layers/common.hpp"
@@ -33,12 +32,7 @@ class MoeBlock {
     float* weights = Scratch::sized(s.route_weights, T * k);
     float* shared_gate = Scratch::sized(s.shared_gate, T);
 
-    kernels::LinearArgs l{};
-    l.w = w_.router;
-    l.x = x;
-    l.y = logits;
-    l.n_tokens = T;
-    check_launch(kernels::launch_linear<S>(Arch{}, l, stream), "router");
+    project<S, Arch>(w_.router, x, T, logits, stream, "router");
 
     kernels::RouterTopkArgs r{};
     r.logits = logits;

@@ -44,4 +44,21 @@ QFLASH_HD constexpr float to_float(Fp16 x) {
 /// `x` rounded to the nearest fp16 value, as fp32.
 QFLASH_HD constexpr float round_to_fp16(float x) { return to_float(to_fp16(x)); }
 
+/// The smallest fp16 >= v, for finite 0 <= v <= the fp16 max: a stored scale that does not
+/// shrink the range it must cover.
+QFLASH_HD constexpr Fp16 to_fp16_up(float v) {
+  Fp16 h = to_fp16(v);
+  if (to_float(h) < v) ++h.bits;
+  return h;
+}
+
+/// The largest fp16 <= v, for finite v with |v| <= the fp16 max: a stored minimum that stays
+/// at or below the values it must cover.
+QFLASH_HD constexpr Fp16 to_fp16_down(float v) {
+  Fp16 h = to_fp16(v);
+  // A step toward -inf: down in magnitude if positive, up if negative (-0 -> -2^-24).
+  if (to_float(h) > v) h.bits = static_cast<std::uint16_t>((h.bits & 0x8000) != 0 ? h.bits + 1 : h.bits - 1);
+  return h;
+}
+
 }  // namespace qflash

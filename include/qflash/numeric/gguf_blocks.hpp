@@ -163,16 +163,6 @@ QFLASH_HD constexpr void dequantize_q4_k(BlockQ4K const& b, float* y) {
   }
 }
 
-namespace detail {
-/// The smallest fp16 >= v, for finite v >= 0 below the fp16 max: a stored scale that does
-/// not shrink the range it must cover.
-QFLASH_HD constexpr Fp16 fp16_round_up(float v) {
-  Fp16 h = to_fp16(v);
-  if (to_float(h) < v) ++h.bits;
-  return h;
-}
-}  // namespace detail
-
 /// A reference Q4_K quantizer (not ggml's iterative make_qkx2_quants, which searches for a
 /// lower-error scale; the format and dequantization are the same). Per sub-block j, with
 /// lo = min(0, min x), hi = max x:
@@ -200,7 +190,7 @@ QFLASH_HD constexpr BlockQ4K quantize_q4_k(float const* x) {
   }
 
   BlockQ4K b{};
-  b.dmin = detail::fp16_round_up(max_offset / 63.0f);
+  b.dmin = to_fp16_up(max_offset / 63.0f);
   float const dmin = to_float(b.dmin);
   std::uint8_t m[kQ4KSubBlocks] = {};
   float m_eff[kQ4KSubBlocks] = {};
@@ -215,7 +205,7 @@ QFLASH_HD constexpr BlockQ4K quantize_q4_k(float const* x) {
     max_s = s[j] > max_s ? s[j] : max_s;
   }
 
-  b.d = detail::fp16_round_up(max_s / 63.0f);
+  b.d = to_fp16_up(max_s / 63.0f);
   float const d = to_float(b.d);
   std::uint8_t sc[kQ4KSubBlocks] = {};
   for (int j = 0; j < kQ4KSubBlocks; ++j) {
@@ -337,7 +327,7 @@ QFLASH_HD constexpr BlockQ6K quantize_q6_k(float const* x) {
   }
 
   BlockQ6K b{};
-  b.d = detail::fp16_round_up(max_s / 127.0f);
+  b.d = to_fp16_up(max_s / 127.0f);
   float const d = to_float(b.d);
   for (int j = 0; j < kQ6KSubBlocks; ++j) {
     int const scj = d > 0.0f ? qflash::detail::ceil_nonnegative(s[j] / d) : 0;

@@ -42,25 +42,6 @@ QFLASH_HD constexpr std::size_t int4_g128_row_bytes(std::size_t cols) {
   return (cols + kInt4GroupSize - 1) / kInt4GroupSize * sizeof(BlockInt4G128);
 }
 
-namespace detail {
-/// The largest fp16 <= v, for finite v with |v| <= the fp16 max.
-QFLASH_HD constexpr Fp16 fp16_round_down(float v) {
-  Fp16 h = to_fp16(v);
-  // A step toward -inf: down in magnitude if positive, up if negative (-0 -> -2^-24).
-  if (to_float(h) > v) {
-    h.bits = static_cast<std::uint16_t>((h.bits & 0x8000) != 0 ? h.bits + 1 : h.bits - 1);
-  }
-  return h;
-}
-
-/// The smallest fp16 >= v, for 0 <= v <= the fp16 max.
-QFLASH_HD constexpr Fp16 fp16_round_up_nonnegative(float v) {
-  Fp16 h = to_fp16(v);
-  if (to_float(h) < v) ++h.bits;
-  return h;
-}
-}  // namespace detail
-
 /// The code (0..15) of value i (0..127) of a block.
 QFLASH_HD constexpr std::uint8_t int4_g128_code(BlockInt4G128 const& b, int i) {
   std::uint8_t const byte = b.qs[i / 2];
@@ -78,9 +59,9 @@ QFLASH_HD constexpr void quantize_int4_g128(float const* x, int n, BlockInt4G128
     hi = x[i] > hi ? x[i] : hi;
   }
   b = {};
-  b.min = detail::fp16_round_down(lo);
+  b.min = to_fp16_down(lo);
   float const min = to_float(b.min);
-  b.scale = detail::fp16_round_up_nonnegative((hi - min) / kInt4Max);
+  b.scale = to_fp16_up((hi - min) / kInt4Max);
   float const scale = to_float(b.scale);
   if (!(scale > 0.0f)) return;  // hi == min: every x is min, every code 0
   for (int i = 0; i < n; ++i) {

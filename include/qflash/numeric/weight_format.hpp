@@ -175,14 +175,9 @@ QFLASH_HD inline void dequantize_row(WeightView const& w, std::int64_t r, float*
     case WeightFormat::kQ6K:
       gguf::dequantize_row_q6_k(reinterpret_cast<gguf::BlockQ6K const*>(src), static_cast<std::size_t>(n), y);
       return;
-    case WeightFormat::kInt4: {
-      auto const* b = reinterpret_cast<BlockInt4G128 const*>(src);
-      for (std::int64_t i = 0; i < n; i += kInt4GroupSize) {
-        int const m = static_cast<int>(n - i < kInt4GroupSize ? n - i : kInt4GroupSize);
-        dequantize_int4_g128(b[i / kInt4GroupSize], m, y + i);
-      }
+    case WeightFormat::kInt4:
+      dequantize_row_int4_g128(reinterpret_cast<BlockInt4G128 const*>(src), static_cast<std::size_t>(n), y);
       return;
-    }
     case WeightFormat::kAny: return;
   }
 }

@@ -1,22 +1,27 @@
 // The qflash command-line program: a thin layer that parses flags and calls the library.
+// Flags are validated before a model is loaded, so a typo never costs a load.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <new>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
+#include "args.hpp"
+#include "qflash/core/parallel.hpp"
+#include "qflash/io/gguf_config.hpp"
 #include "qflash/io/hf_config.hpp"
 #include "qflash/io/npy.hpp"
 #include "qflash/io/tokenizer.hpp"
@@ -25,13 +30,19 @@
 #include "qflash/runtime/perplexity.hpp"
 #include "qflash/runtime/weight_plan.hpp"
 
+#ifndef QFLASH_VERSION
+#define QFLASH_VERSION "unknown"
+#endif
+
 namespace {
 
 using namespace qflash;
+using cli::UsageError;
 
 struct CommonOptions {
   std::string model_dir = QFLASH_DEFAULT_MODEL_DIR;
   std::string weights = "auto";
+  std::string device = "cpu";
   int threads = 0;
   bool no_verify = false;
 };
@@ -47,56 +58,81 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
                   "int4 (group 128); converted at load, router gates keep the checkpoint's precision")
       ->check(CLI::IsMember(schemes))
       ->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", o.device, "where the model runs (this build: cpu)")
+      ->check(CLI::IsMember({"cpu"}))
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", o.threads,
+                  "CPU threads (0: one per physical core, or QFLASH_NUM_THREADS; more than the CPUs "
+                  "available is reduced to them)")
+      ->check(cli::integer_in(0));
   cmd->add_flag("--no-verify", o.no_verify, "skip checking the files against the model's SHA256SUMS");
 }
 
+/// Sizes the thread pool from -t: a request above the CPUs this process may use is reduced to
+/// them (more threads than CPUs only take turns on them).
+void apply_threads(int requested) {
+  int const cpus = available_cpus();
+  int n = requested > 0 ? requested : default_threads();
+  if (n > cpus) {
+    QFLASH_LOG_WARN(requested > 0 ? "-t " : "the default of ", n, requested > 0 ? "" : " threads",
+                    " is more than the ", cpus, " CPUs this process may use; using ", cpus, " threads");
+    n = cpus;
+  }
+  set_max_threads(n);
+  QFLASH_LOG_INFO("threads: ", n, " (", physical_cores(), " physical cores, ", cpus, " CPUs available)");
+}
+
 runtime::LoadOptions load_options(CommonOptions const& o) {
-#if defined(_OPENMP)
-  if (o.threads > 0) omp_set_num_threads(o.threads);
-#endif
-  std::error_code ec;
-  QFLASH_CHECK(std::filesystem::exists(o.model_dir, ec), "model '", o.model_dir, "' does not exist",
-               o.model_dir == QFLASH_DEFAULT_MODEL_DIR ? " (the embedded default model is missing: pass --model DIR)" : "");
-  QFLASH_CHECK(std::filesystem::is_directory(o.model_dir, ec) || runtime::is_gguf_file(o.model_dir), "model '",
-               o.model_dir, "' is neither a model directory nor a GGUF file");
   runtime::LoadOptions m;
   m.weights = runtime::parse_weight_scheme(o.weights);
   m.verify_checksums = !o.no_verify;
   return m;
 }
 
-/// Loads the model as the compiled spec that fits it and calls fn(model).
+/// Checks that the model path names a model; reads its config (cheap: no weights), so flags
+/// that depend on the model are checked before it is loaded.
+model::ModelConfig peek_config(CommonOptions const& o) {
+  std::error_code ec;
+  QFLASH_CHECK(std::filesystem::exists(o.model_dir, ec), "model '", o.model_dir, "' does not exist",
+               o.model_dir == QFLASH_DEFAULT_MODEL_DIR ? " (the embedded default model is missing: pass --model DIR)" : "");
+  if (runtime::is_gguf_file(o.model_dir)) return io::config_from_gguf(io::GgufFile(o.model_dir));
+  QFLASH_CHECK(std::filesystem::is_directory(o.model_dir, ec), "model '", o.model_dir,
+               "' is neither a model directory nor a GGUF file");
+  return io::load_config(o.model_dir);
+}
+
+/// Throws unless the model has weights to run: a directory with only a config.json can be
+/// inspected, not run (checked before the tokenizer, whose absence would say less).
+void require_weights(std::string const& model) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (runtime::is_gguf_file(model)) return;
+  QFLASH_CHECK(fs::exists(fs::path(model) / io::Checkpoint::kSingleFile, ec) ||
+                   fs::exists(fs::path(model) / io::Checkpoint::kIndexFile, ec),
+               model, ": no weights (", io::Checkpoint::kSingleFile, " or ", io::Checkpoint::kIndexFile,
+               ") found; 'qflash inspect' works on a config alone");
+}
+
+/// Loads the model (whose config `cfg` is) as the compiled spec that fits it and calls fn(model).
 template <class Fn>
-void with_model(CommonOptions const& o, Fn&& fn) {
+void with_model(CommonOptions const& o, model::ModelConfig const& cfg, Fn&& fn) {
+  apply_threads(o.threads);
   auto opts = load_options(o);
+  opts.config = cfg;
   runtime::with_model(runtime::load_model(o.model_dir, opts), opts.model, fn);
 }
 
-/// The model's tokenizer: tokenizer.json beside the weights, or a GGUF file's tokenizer.ggml.*.
-io::Tokenizer load_tokenizer(std::string const& model) {
-  if (runtime::is_gguf_file(model)) return io::Tokenizer::from_gguf(io::GgufFile(model));
-  return io::Tokenizer::from_file(model + "/tokenizer.json");
+/// The model's tokenizer (tokenizer.json beside the weights, or a GGUF file's tokenizer.ggml.*),
+/// checked against the model's vocabulary.
+io::Tokenizer load_tokenizer(std::string const& model, model::ModelConfig const& cfg) {
+  auto tok = runtime::is_gguf_file(model) ? io::Tokenizer::from_gguf(io::GgufFile(model))
+                                          : io::Tokenizer::from_file(model + "/tokenizer.json");
+  runtime::check_tokenizer_fits(tok, cfg);
+  return tok;
 }
 
-std::vector<std::int32_t> parse_ids(std::string const& text) {
-  std::vector<std::int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    std::size_t used = 0;
-    long v = -1;
-    try {
-      v = std::stol(item, &used);
-    } catch (std::exception const&) {
-      used = 0;
-    }
-    QFLASH_CHECK(used == item.size() && !item.empty() && v >= 0, "--prompt-ids: '", item,
-                 "' is not a non-negative integer (expected e.g. 1,2,3)");
-    ids.push_back(static_cast<std::int32_t>(v));
-  }
-  QFLASH_CHECK(!ids.empty(), "--prompt-ids: no ids given");
-  return ids;
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::string human_count(double n) {
@@ -134,9 +170,34 @@ void print_weight_bytes(char const* label, std::map<WeightFormat, std::int64_t> 
   std::printf("%-18s%s total (%s)\n", label, human_bytes(static_cast<double>(total)).c_str(), parts.c_str());
 }
 
-int cmd_inspect(CommonOptions const& o, bool verbose) {
+/// Every value of every matrix decoded once: names the first tensor that holds a NaN or Inf
+/// (the loader already checks vectors, and matrices it converts).
+void scan_weights(model::ModelWeights const& w) {
+  std::uint64_t total = 0;
+  w.for_each_matrix([&](std::string const&, WeightView const& v) { total += static_cast<std::uint64_t>(v.bytes()); });
+  io::Progress progress("checking weights", total);
+  w.for_each_matrix([&](std::string const& name, WeightView const& v) {
+    std::atomic<std::int64_t> bad{-1};
+    parallel_for(0, v.rows, v.cols * 4, [&](std::int64_t r) {
+      thread_local std::vector<float> row;
+      row.resize(static_cast<std::size_t>(v.cols));
+      dequantize_row(v, r, row.data());
+      for (float x : row)
+        if (!std::isfinite(x)) {
+          bad.store(r);
+          break;
+        }
+    });
+    QFLASH_CHECK(bad.load() < 0, "tensor '", name, "': row ", bad.load(), " holds a non-finite value (NaN or Inf)");
+    progress.advance(static_cast<std::uint64_t>(v.bytes()));
+  });
+  progress.finish();
+  std::printf("weights checked   every value finite\n");
+}
+
+int cmd_inspect(CommonOptions const& o, bool verbose, bool check_weights) {
   bool const gguf = runtime::is_gguf_file(o.model_dir);
-  auto cfg = gguf ? io::config_from_gguf(io::GgufFile(o.model_dir)) : io::load_config(o.model_dir);
+  auto const cfg = peek_config(o);
   auto const scheme = runtime::parse_weight_scheme(o.weights);
   std::string pattern;
   int n_full = 0;
@@ -175,10 +236,13 @@ int cmd_inspect(CommonOptions const& o, bool verbose) {
     print_weight_bytes(label.c_str(), plan.bytes, plan.vector_bytes);
   }
   // A GGUF file's formats are per tensor: bind it (mapped, converted only if --weights asks).
-  if (gguf || (verbose && io::Checkpoint::open(o.model_dir).has_weights())) {
+  if (gguf || ((verbose || check_weights) && io::Checkpoint::open(o.model_dir).has_weights())) {
+    apply_threads(o.threads);
     auto opts = load_options(o);
+    opts.config = cfg;
     opts.progress = false;
     auto m = runtime::load_model(o.model_dir, opts);
+    if (check_weights) scan_weights(m.weights);
     if (verbose)
       m.weights.for_each_matrix([](std::string const& name, WeightView const& v) {
         std::printf("  %-40s %-9s [%lld, %lld] %s\n", name.c_str(), std::string(to_string(v.format)).c_str(),
@@ -187,17 +251,26 @@ int cmd_inspect(CommonOptions const& o, bool verbose) {
       });
     print_weight_bytes(gguf ? label.c_str() : "bound", m.bytes_per_format(), 0);
   }
+  else if (check_weights)
+    throw UsageError("--check-weights: '" + o.model_dir + "' has no weights to check");
   std::printf("spec              %s\n", to_string(cfg.spec(KvScheme::kBf16, WeightFormat::kAny)).c_str());
-  return 0;
+  return cli::kExitOk;
 }
 
-int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::GenerateOptions gen) {
-  int rc = 0;
-  with_model(o, [&](auto& m) {
-    auto tok = load_tokenizer(o.model_dir);
-    auto ids = tok.encode(prompt);
-    QFLASH_CHECK(!ids.empty(), "the prompt encodes to no tokens");
-    if (gen.eos_ids.empty()) gen.eos_ids = m.config().eos_token_ids;
+int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::GenerateOptions gen, bool ignore_eos) {
+  auto const cfg = peek_config(o);
+  if (!ignore_eos) gen.eos_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  if (gen.max_context > cfg.max_position_embeddings)
+    throw UsageError("-c/--ctx-size " + std::to_string(gen.max_context) + " is above the model's limit of " +
+                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+  require_weights(o.model_dir);
+  auto tok = load_tokenizer(o.model_dir, cfg);
+  auto ids = tok.encode(prompt);
+  QFLASH_CHECK(!ids.empty(), "the prompt encodes to no tokens");
+  int const context = gen.max_context > 0 ? gen.max_context : cfg.max_position_embeddings;
+  QFLASH_CHECK(static_cast<int>(ids.size()) < context, "the prompt has ", ids.size(),
+               " tokens, which leaves no room to generate in a context of ", context, " tokens (-c/--ctx-size)");
+  with_model(o, cfg, [&](auto& m) {
     std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
     auto res = runtime::generate(m, tok, ids, gen, [](std::string_view t) {
@@ -214,13 +287,22 @@ int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::Generate
                  static_cast<long long>(res.n_prompt), pf, res.tokens.size(), dc,
                  std::string(runtime::to_string(res.finish)).c_str());
   });
-  return rc;
+  return cli::kExitOk;
 }
 
-int cmd_logits(CommonOptions const& o, std::string const& ids_text, std::string const& output, bool incremental) {
-  auto ids = parse_ids(ids_text);
-  with_model(o, [&](auto& m) {
+int cmd_logits(CommonOptions const& o, std::vector<std::int32_t> const& ids, std::string const& output,
+               bool incremental) {
+  auto const cfg = peek_config(o);
+  if (static_cast<std::int64_t>(ids.size()) > cfg.max_position_embeddings)
+    throw UsageError("--prompt-ids: " + std::to_string(ids.size()) + " ids are more than the model's " +
+                     std::to_string(cfg.max_position_embeddings) + " positions (max_position_embeddings)");
+  for (auto id : ids)
+    if (id >= cfg.vocab)
+      throw UsageError("--prompt-ids: token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                       std::to_string(cfg.vocab) + ")");
+  with_model(o, cfg, [&](auto& m) {
     std::int64_t const vocab = m.config().vocab;
+    auto const t0 = std::chrono::steady_clock::now();
     auto state = m.new_sequence();
     std::vector<float> all, step;
     if (incremental) {
@@ -233,29 +315,41 @@ int cmd_logits(CommonOptions const& o, std::string const& ids_text, std::string 
       model::SequenceChunk c{ids, &state};
       m.forward(std::span(&c, 1), model::LogitsFor::kAllTokens, all);
     }
+    double const secs = seconds_since(t0);
     io::write_npy_f32(output, all, {static_cast<std::int64_t>(ids.size()), vocab});
-    std::fprintf(stderr, "wrote logits [%zu, %lld] to %s\n", ids.size(), static_cast<long long>(vocab), output.c_str());
+    std::fprintf(stderr, "wrote logits [%zu, %lld] to %s\n", ids.size(), static_cast<long long>(vocab),
+                 printable(output).c_str());
+    std::fprintf(stderr, "logits: %zu tokens in %.3f s, %.1f tok/s\n", ids.size(), secs,
+                 secs > 0 ? static_cast<double>(ids.size()) / secs : 0.0);
   });
-  return 0;
+  return cli::kExitOk;
 }
 
 int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int context) {
-  std::ifstream f(text_path, std::ios::binary);
-  QFLASH_CHECK(f.good(), text_path, ": cannot open");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  with_model(o, [&](auto& m) {
-    auto tok = load_tokenizer(o.model_dir);
-    auto ids = tok.encode(text);
-    int const ctx = context > 0 ? context : std::min(m.config().max_position_embeddings, 512);
+  auto const cfg = peek_config(o);
+  if (context > cfg.max_position_embeddings)
+    throw UsageError("-c/--context " + std::to_string(context) + " is above the model's limit of " +
+                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+  require_weights(o.model_dir);
+  std::string const text = cli::read_text(text_path, "--text");
+  auto tok = load_tokenizer(o.model_dir, cfg);
+  auto ids = tok.encode(text);
+  QFLASH_CHECK(ids.size() >= 2, text_path, ": encodes to ", ids.size(), " tokens; perplexity needs at least 2");
+  int const ctx = context > 0 ? context : std::min(cfg.max_position_embeddings, 512);
+  with_model(o, cfg, [&](auto& m) {
     bool const tty = ::isatty(2) != 0;
+    auto const t0 = std::chrono::steady_clock::now();
     auto r = runtime::perplexity(m, ids, ctx, [tty](std::size_t done, std::size_t total) {
       if (tty) std::fprintf(stderr, "\rperplexity: %zu/%zu tokens", done, total);
     });
+    double const secs = seconds_since(t0);
     if (tty) std::fprintf(stderr, "\n");
     std::printf("perplexity %.4f over %lld predicted tokens (%lld windows of %d)\n", r.perplexity,
                 static_cast<long long>(r.n_predicted), static_cast<long long>(r.n_windows), ctx);
+    std::fprintf(stderr, "perplexity: %zu tokens in %.3f s, %.1f tok/s\n", ids.size(), secs,
+                 secs > 0 ? static_cast<double>(ids.size()) / secs : 0.0);
   });
-  return 0;
+  return cli::kExitOk;
 }
 
 }  // namespace
@@ -274,26 +368,52 @@ int main(int argc, char** argv) {
 
   CLI::App app{"qflash: fast, memory-lean inference of sparse Mixture-of-Experts LLMs"};
   app.require_subcommand(1);
+  app.fallthrough();  // -v and --help also work after the command
+  app.set_version_flag("--version", "qflash " QFLASH_VERSION);
+  app.footer("Exit status: 0 success, 1 the model could not be loaded or run, 2 invalid command line.");
   bool verbose = false;
-  app.add_flag("-v,--verbose", verbose, "log progress details");
+  app.add_flag("-v,--verbose", verbose, "log progress details (threads, seed, defaults applied)");
 
   CommonOptions common;
-  std::string prompt = "Once upon a time";
+  std::string prompt = "Once upon a time", prompt_file;
+  std::vector<std::string> stop;
+  long long seed = -1;
+  bool ignore_eos = false;
   runtime::GenerateOptions gen;
   auto* run = app.add_subcommand("run", "generate text from a prompt, streaming it");
   add_common(run, common);
-  run->add_option("-p,--prompt", prompt, "prompt text")->capture_default_str();
-  run->add_option("-n,--max-tokens", gen.max_tokens, "tokens to generate at most")->check(CLI::NonNegativeNumber)->capture_default_str();
-  run->add_option("--temperature", gen.sampling.temperature, "sampling temperature (0: greedy)")->capture_default_str();
-  run->add_option("--top-k", gen.sampling.top_k, "keep the k most likely tokens (0: off)")->capture_default_str();
-  run->add_option("--top-p", gen.sampling.top_p, "nucleus sampling mass (1: off)")->capture_default_str();
-  run->add_option("--min-p", gen.sampling.min_p, "drop tokens below min-p x the top probability (0: off)")->capture_default_str();
-  run->add_option("--repetition-penalty", gen.sampling.repetition_penalty, "penalty for tokens already seen (1: off)")->capture_default_str();
-  run->add_option("--seed", gen.sampling.seed, "random seed")->capture_default_str();
-  run->add_option("--stop", gen.stop, "stop string (repeatable)");
+  auto* p_opt = run->add_option("-p,--prompt", prompt, "prompt text ('-': read standard input)")->capture_default_str();
+  run->add_option("-f,--file", prompt_file, "read the prompt from a file")->excludes(p_opt);
+  run->add_option("-n,--max-tokens,--n-predict", gen.max_tokens, "tokens to generate at most (-1: until eos or the context is full)")
+      ->check(cli::integer_in(-1))
+      ->capture_default_str();
+  run->add_option("-c,--ctx-size", gen.max_context, "prompt + generated tokens at most (0: the model's max positions)")
+      ->check(cli::integer_in(0));
+  run->add_option("--temperature,--temp", gen.sampling.temperature, "sampling temperature (0: greedy)")
+      ->check(cli::number_in(0, INFINITY))
+      ->capture_default_str();
+  run->add_option("--top-k", gen.sampling.top_k, "keep the k most likely tokens (0: off)")
+      ->check(cli::integer_in(0))
+      ->capture_default_str();
+  run->add_option("--top-p", gen.sampling.top_p, "nucleus sampling mass (1: off)")
+      ->check(cli::number_in(0, 1, /*lo_open=*/true))
+      ->capture_default_str();
+  run->add_option("--min-p", gen.sampling.min_p, "drop tokens below min-p x the top probability (0: off)")
+      ->check(cli::number_in(0, 1))
+      ->capture_default_str();
+  run->add_option("--repetition-penalty,--repeat-penalty", gen.sampling.repetition_penalty,
+                  "penalty for tokens already seen (1: off)")
+      ->check(cli::number_in(0, INFINITY, /*lo_open=*/true))
+      ->capture_default_str();
+  run->add_option("-s,--seed", seed, "random seed (-1: a random one, logged with -v)")
+      ->check(cli::integer_in(-1, std::numeric_limits<long long>::max()));
+  run->add_option("--stop", stop, "stop string, with \\n-style escapes (repeatable)");
+  run->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
 
+  bool check_weights = false;
   auto* inspect = app.add_subcommand("inspect", "print the architecture, sizes and memory needs of a model (config.json is enough)");
   add_common(inspect, common);
+  inspect->add_flag("--check-weights", check_weights, "decode every weight once and name any tensor holding NaN or Inf");
 
   std::string ids_text, output;
   bool incremental = false;
@@ -307,20 +427,71 @@ int main(int argc, char** argv) {
   int context = 0;
   auto* ppl = app.add_subcommand("perplexity", "perplexity of a text file, in independent windows");
   add_common(ppl, common);
-  ppl->add_option("--text", text_path, "UTF-8 text file")->required()->check(CLI::ExistingFile);
-  ppl->add_option("-c,--context", context, "window length in tokens (0: min(512, max positions))")->check(CLI::NonNegativeNumber);
+  ppl->add_option("--text", text_path, "UTF-8 text file ('-': standard input)")->required();
+  ppl->add_option("-c,--context,--ctx-size", context, "window length in tokens (0: min(512, max positions))")
+      ->check(cli::integer_in(0));
 
-  CLI11_PARSE(app, argc, argv);
-  if (verbose) logger->set_level(spdlog::level::debug);
-
+  std::string const usage_hint = "Run 'qflash --help' (or 'qflash COMMAND --help') for the options.";
   try {
-    if (*run) return cmd_run(common, prompt, gen);
-    if (*inspect) return cmd_inspect(common, verbose);
-    if (*logits) return cmd_logits(common, ids_text, output, incremental);
+    std::span<char* const> const args(argv, static_cast<std::size_t>(argc));
+    cli::refuse_foreign_flags(args);
+    if (auto c = cli::command_of(args); !c.empty()) {
+      std::string names;
+      bool known = false;
+      for (CLI::App const* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+        known = known || sub->get_name() == c;
+      }
+      if (!known) throw UsageError("unknown command '" + printable(c) + "' (commands: " + names + ")");
+    }
+    try {
+      app.parse(argc, argv);
+    } catch (CLI::Success const& e) {
+      return app.exit(e);  // --help, --version
+    } catch (CLI::ParseError const& e) {
+      throw UsageError(printable(e.what()));
+    }
+    if (verbose) logger->set_level(spdlog::level::debug);
+
+    // Everything the command line alone decides, checked before any model is read.
+    if (*run) {
+      if (!prompt_file.empty()) prompt = cli::read_text(prompt_file, "-f/--file");
+      else if (prompt == "-") prompt = cli::read_text("-", "-p");
+      if (prompt.empty()) throw UsageError("the prompt is empty");
+      for (auto& s : stop) gen.stop.push_back(cli::unescape(s, "--stop"));
+      if (gen.max_tokens < 0) gen.max_tokens = std::numeric_limits<int>::max();
+      gen.sampling.seed = seed >= 0 ? static_cast<std::uint64_t>(seed) : std::random_device{}();
+      QFLASH_LOG_INFO("seed ", gen.sampling.seed);
+      try {
+        runtime::validate(gen.sampling);
+      } catch (Error const& e) {
+        throw UsageError(e.what());
+      }
+    }
+    std::vector<std::int32_t> ids;
+    if (*logits) {
+      ids = cli::parse_ids(ids_text);
+      auto const dir = std::filesystem::path(output).parent_path();
+      std::error_code ec;
+      if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+        throw UsageError("-o/--output: directory '" + printable(dir.string()) + "' does not exist");
+    }
+    if (*ppl && text_path != "-" && !std::filesystem::is_regular_file(text_path))
+      throw UsageError("--text: '" + printable(text_path) + "' is not a file");
+
+    if (*run) return cmd_run(common, prompt, gen, ignore_eos);
+    if (*inspect) return cmd_inspect(common, verbose, check_weights);
+    if (*logits) return cmd_logits(common, ids, output, incremental);
     if (*ppl) return cmd_perplexity(common, text_path, context);
+  } catch (UsageError const& e) {
+    std::fprintf(stderr, "qflash: error: %s\n%s\n", printable(e.what()).c_str(), usage_hint.c_str());
+    return cli::kExitUsageError;
+  } catch (std::bad_alloc const&) {
+    std::fprintf(stderr, "qflash: error: out of memory\n");
+    return cli::kExitRuntimeError;
   } catch (std::exception const& e) {
-    std::fprintf(stderr, "qflash: error: %s\n", e.what());
-    return 1;
+    std::fprintf(stderr, "qflash: error: %s\n", printable(e.what()).c_str());
+    return cli::kExitRuntimeError;
   }
-  return 0;
+  return cli::kExitOk;
 }

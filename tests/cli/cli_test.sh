@@ -13,6 +13,7 @@ expect_out() { grep -Eq -- "$1" "$tmp/out" || fail "stdout lacks /$1/"; }
 expect_err() { grep -Eq -- "$1" "$tmp/err" || fail "stderr lacks /$1/"; }
 
 tiny=$fixtures/qwen3_5_moe_tiny
+edit=$(dirname "$0")/edit_model.py
 case $case in
   inspect_qwen36)  # MODELS.md §6: 34.66B parameters, 20,480 B/token of BF16 KV, 62.8 MiB f32 state
     run inspect --model "$fixtures/qwen3_6_35b_a3b_config"
@@ -77,11 +78,16 @@ case $case in
     ;;
   bad_ids)
     run logits --model "$tiny" --prompt-ids 1,x,3 --output "$tmp/l.npy"
-    expect_rc 1
-    expect_err "error: --prompt-ids: 'x' is not a non-negative integer"
+    expect_rc 2
+    expect_err "error: --prompt-ids: 'x' is not a token id"
     run logits --model "$tiny" --prompt-ids 1,999 --output "$tmp/l.npy"
-    expect_rc 1
+    expect_rc 2
     expect_err "token id 999 is outside the vocabulary \[0, 256\)"
+    for id in 4294967296 2147483648 -1; do  # once wrapped to 0 or went negative
+      run logits --model "$tiny" --prompt-ids "1,$id" --output "$tmp/l.npy"
+      expect_rc 2
+      expect_err "error: --prompt-ids: '$id' is not a token id \(expected integers in \[0, 2147483647\]"
+    done
     ;;
   missing_model)
     run run --model "$tmp/nothing" --prompt hi
@@ -93,13 +99,205 @@ case $case in
     [[ $(cat "$tmp/rc") != 0 ]] || fail "accepted --weights f64"
     expect_err "f64"
     run run --model "$tiny" --top-p 0
-    expect_rc 1
-    expect_err "top_p must be in \(0, 1\]"
+    expect_rc 2
+    expect_err "error: --top-p: must be a number in \(0, 1\], got '0'"
     ;;
   config_only_run)
     run run --model "$fixtures/qwen3_6_35b_a3b_config" --prompt hi
     expect_rc 1
     expect_err "no weights"
+    ;;
+  # --- hardening: bad files -------------------------------------------------------------
+  deep_json)  # 100k nested lists in each JSON file the loader reads: an error, not a crash
+    for f_key in config.json:model_type tokenizer.json:model generation_config.json:eos_token_id; do
+      f=${f_key%%:*}
+      rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+      python3 "$edit" nest "$tmp/m/$f" "${f_key#*:}" 100000
+      run run --model "$tmp/m" -n 2
+      expect_rc 1
+      expect_err "$f: .*(must be|invalid JSON|expected).*\[\[\[\[.*\.\.\."
+    done
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"  # a safetensors header, then a shard index
+    python3 -c 'import struct,sys; h=b"{\"t\": " + b"[" * 100000 + b"]" * 100000 + b"}"; sys.stdout.buffer.write(struct.pack("<Q", len(h)) + h)' > "$tmp/m/model.safetensors"
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "model.safetensors: .*\[\[\[\[.*\.\.\."
+    mv "$tmp/m/model.safetensors" "$tmp/m/model-00001-of-00001.safetensors"
+    printf '{"weight_map": %s}' "$(head -c 100000 /dev/zero | tr '\0' '[')$(head -c 100000 /dev/zero | tr '\0' ']')" \
+      > "$tmp/m/model.safetensors.index.json"
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "model.safetensors.index.json: .*weight_map.*\[\[\[\[.*\.\.\."
+    ;;
+  special_files)  # a FIFO must not hang open(); a directory is named as one
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    rm "$tmp/m/model.safetensors"; mkfifo "$tmp/m/model.safetensors"
+    "$qflash" run --model "$tmp/m" -n 2 >"$tmp/out" 2>"$tmp/err" & pid=$!
+    for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+    kill -0 $pid 2>/dev/null && { kill $pid; fail "hangs on a FIFO"; }
+    wait $pid; echo $? >"$tmp/rc"
+    expect_rc 1
+    expect_err "model.safetensors: is a FIFO, expected a regular file"
+    rm "$tmp/m/model.safetensors"; mkdir "$tmp/m/model.safetensors"
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "model.safetensors: is a directory, expected a regular file"
+    ;;
+  nonfinite_weights)  # NaN/Inf named at load when read, else the logits say so; never exit 0
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    python3 "$edit" poison "$tmp/m" model.layers.0.input_layernorm.weight nan
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "tensor 'model.layers.0.input_layernorm.weight' holds a non-finite value \(nan\) at index 0"
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    python3 "$edit" poison "$tmp/m" model.layers.3.self_attn.q_proj.weight inf
+    run run --model "$tmp/m" -n 2  # kept as stored (f32): found in the logits
+    expect_rc 1
+    expect_err "logits of batch row 0 are not finite.*inspect --check-weights"
+    run run --model "$tmp/m" -n 2 --weights q8_0  # converted: found and named at load
+    expect_rc 1
+    expect_err "tensor 'model.layers.3.self_attn.q_proj.weight': row 0 holds a non-finite value"
+    run inspect --model "$tmp/m" --check-weights
+    expect_rc 1
+    expect_err "tensor 'layers\.3\.attention\.q': row 0 holds a non-finite value"
+    run inspect --model "$tiny" --check-weights
+    expect_rc 0
+    expect_out "weights checked +every value finite"
+    ;;
+  vocab_mismatch)
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    python3 "$edit" add-token "$tmp/m" 300  # the model embeds 256 ids
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "tokenizer.json: the tokenizer has ids up to 300, but the model's vocabulary is 256"
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    python3 "$edit" config "$tmp/m" eos_token_id 256
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "eos_token_id 256 .* is outside the vocabulary \[0, 256\)"
+    python3 "$edit" config "$tmp/m" eos_token_id 255
+    python3 "$edit" config "$tmp/m" vocab_size null
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "field 'vocab_size' must be a positive integer, got null"
+    ;;
+  escapes_in_files)  # strings from files reach the terminal with control characters escaped
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    python3 "$edit" config "$tmp/m" model_type '"\u001b]0;pwned\u0007\u001b[31mqwen\u009b"'
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "model_type '\\\\x1b\]0;pwned\\\\x07\\\\x1b\[31mqwen\\\\u009b' is not supported"
+    if grep -q $'\x1b' "$tmp/err"; then fail "raw ESC on stderr"; fi
+    ;;
+  checksums)  # SHA256SUMS: paths stay inside the model directory; CRLF; files not covered
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    (cd "$tmp/m" && sha256sum config.json generation_config.json model.safetensors tokenizer.json > SHA256SUMS)
+    run run --model "$tmp/m" -n 2
+    expect_rc 0
+    grep -q "does not list" "$tmp/err" && fail "warned although every file read is listed"
+    sed -i 's/$/\r/' "$tmp/m/SHA256SUMS"
+    run run --model "$tmp/m" -n 2
+    expect_rc 0
+    (cd "$tmp/m" && sha256sum config.json > SHA256SUMS)
+    run run --model "$tmp/m" -n 2
+    expect_rc 0
+    expect_err "warning: .*SHA256SUMS does not list .*model.safetensors"
+    for bad in ../../../../etc/passwd /etc/passwd; do
+      echo "$(sha256sum /etc/passwd | cut -c1-64)  $bad" > "$tmp/m/SHA256SUMS"
+      run run --model "$tmp/m" -n 2
+      expect_rc 1
+      expect_err "SHA256SUMS:1: .*'$bad'"
+      grep -q "$(sha256sum /etc/passwd | cut -c1-64)" "$tmp/err" && fail "printed the hash of a file outside the model"
+    done
+    ;;
+
+  # --- hardening: generation limits and flags -------------------------------------------
+  context_limit)  # the model's max positions or -c end generation with finish: length
+    run run --model "$tiny" --prompt "Hello" -n 100 -c 9  # 5 prompt tokens
+    expect_rc 0
+    expect_err "generation: 4 tokens, .* \| finish: length"
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    python3 "$edit" config "$tmp/m" max_position_embeddings 12
+    run run --model "$tmp/m" --prompt "Hello" -n -1 --ignore-eos
+    expect_rc 0
+    expect_err "generation: 7 tokens, .* \| finish: length"
+    run run --model "$tmp/m" -c 13
+    expect_rc 2
+    expect_err "-c/--ctx-size 13 is above the model's limit of 12 tokens"
+    printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..3} >"$tmp/text.txt"
+    run perplexity --model "$tmp/m" --text "$tmp/text.txt" --context 64
+    expect_rc 2
+    expect_err "-c/--context 64 is above the model's limit of 12 tokens"
+    ;;
+  flags_before_load)  # a bad flag is reported before the (here broken) weights are read
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    head -c 100 "$tiny/model.safetensors" > "$tmp/m/model.safetensors"
+    for flags in "--temp -1" "--top-p 1.5" "--min-p 2" "--top-k -3" "--repeat-penalty 0" "-n -2" \
+                 "-t -1" "--stop a\\q" "-s -5" "--weights f64" "--device cuda"; do
+      run run --model "$tmp/m" $flags
+      expect_rc 2
+      grep -q "model.safetensors" "$tmp/err" && fail "$flags: the model was read first"
+      expect_err "^qflash: error: .*"
+    done
+    run run --model "$tmp/m" -t 99999999999
+    expect_rc 2
+    expect_err "error: --threads: '99999999999' is too large \(at most 2147483647\)"
+    run run --model "$tmp/m" -n 2  # the same model without the bad flag: a load error, exit 1
+    expect_rc 1
+    expect_err "model.safetensors"
+    ;;
+  threads)  # more threads than CPUs: reduced to the CPUs, with a warning
+    run run --model "$tiny" -n 2 -t 100000
+    expect_rc 0
+    expect_err "warning: -t 100000 is more than the [0-9]+ CPUs this process may use; using [0-9]+ threads"
+    expect_err "generation: 2 tokens"
+    ;;
+  llama_cpp_flags)  # llama-cli spellings
+    printf 'Hello' > "$tmp/prompt.txt"
+    run run --model "$tiny" -f "$tmp/prompt.txt" -n 4 --temp 0.8 -s 3 --repeat-penalty 1.1 -c 64 --ignore-eos
+    expect_rc 0
+    expect_out "^Hello"
+    expect_err "generation: 4 tokens"
+    cp "$tmp/out" "$tmp/want"
+    printf 'Hello' | "$qflash" run --model "$tiny" -p - -n 4 --temperature 0.8 --seed 3 \
+      --repetition-penalty 1.1 --ignore-eos >"$tmp/out" 2>"$tmp/err"
+    cmp -s "$tmp/out" "$tmp/want" || fail "-p - differs from -f: $(cat "$tmp/want")"
+    run run --model "$tiny" -ngl 99
+    expect_rc 2
+    expect_err "error: -ngl: qflash does not split layers between CPU and GPU.*--device"
+    run frobnicate --model "$tiny"
+    expect_rc 2
+    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity\)"
+    run --version
+    expect_rc 0
+    expect_out "^qflash [0-9]+\.[0-9]+\.[0-9]+"
+    run run --model "$tiny" -n 2 --temp 1 -v  # -v after the command; random seed logged
+    expect_rc 0
+    expect_err "info: seed [0-9]+"
+    expect_err "info: threads: [0-9]+ \([0-9]+ physical cores"
+    ;;
+  stop_escapes)  # --stop "\n" is a newline; the stop string itself is not printed
+    run run --model "$tiny" --prompt "Hello" -n 40 --ignore-eos
+    expect_rc 0
+    # the generated text (after the prompt) up to its first byte that --stop can name
+    want=$(head -c 200 "$tmp/out" | tail -c +6 | head -c 3)
+    esc=$(printf '%s' "$want" | od -An -tx1 | tr -s ' ' | sed 's/ /\\x/g')
+    run run --model "$tiny" --prompt "Hello" -n 40 --ignore-eos --stop "$esc"
+    expect_rc 0
+    expect_err "finish: stop"
+    [[ $(cat "$tmp/out") == Hello ]] || fail "--stop '$esc' should stop right after the prompt"
+    run run --model "$tiny" --prompt "Hello" -n 4 --stop 'a\'
+    expect_rc 2
+    expect_err "error: --stop: 'a\\\\' ends in a lone"
+    ;;
+  timing_lines)  # logits and perplexity print a timing line like run
+    run logits --model "$tiny" --prompt-ids 1,2,3 --output "$tmp/l.npy"
+    expect_rc 0
+    expect_err "^logits: 3 tokens in [0-9.]+ s, [0-9.]+ tok/s"
+    printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..3} >"$tmp/text.txt"
+    run perplexity --model "$tiny" --text "$tmp/text.txt"
+    expect_rc 0
+    expect_err "^perplexity: [0-9]+ tokens in [0-9.]+ s, [0-9.]+ tok/s"
     ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac

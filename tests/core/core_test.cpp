@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -82,4 +86,32 @@ TEST_CASE("MappedFile maps a file read-only and names the path on failure") {
   std::remove(path.c_str());
   CHECK_THROWS_WITH_AS(MappedFile("/nonexistent/qflash.bin"),
                        doctest::Contains("/nonexistent/qflash.bin: cannot open"), Error);
+}
+
+TEST_CASE("printable escapes what a terminal would act on and keeps UTF-8") {
+  CHECK(printable("plain text, caf\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80") ==
+        "plain text, caf\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80");
+  CHECK(printable("a\nb\tc\rd") == "a\\nb\\tc\\rd");
+  CHECK(printable("\x1b]0;title\x07\x1b[31m") == "\\x1b]0;title\\x07\\x1b[31m");
+  CHECK(printable(std::string_view("\0\x7f", 2)) == "\\x00\\x7f");
+  CHECK(printable("\xc2\x9b" "2J") == "\\u009b2J");  // C1 CSI, as UTF-8
+  CHECK(printable("\xff\xc3") == "\\xff\\xc3");     // not UTF-8; a cut sequence
+  CHECK(printable("\xc0\xaf") == "\\xc0\\xaf");     // overlong '/'
+  CHECK(printable("\xed\xa0\x80") == "\\xed\\xa0\\x80");  // a surrogate
+  CHECK(printable(printable("\x1b[1m")) == printable("\x1b[1m"));  // idempotent
+  // Error and log messages pass their string parts through it.
+  std::string const from_file = "name\x1b[2J";
+  CHECK_THROWS_WITH_AS(QFLASH_CHECK(false, "tensor '", from_file, "' is bad"), "tensor 'name\\x1b[2J' is bad",
+                       Error);
+}
+
+TEST_CASE("MappedFile refuses directories and FIFOs without blocking") {
+  auto const dir = std::filesystem::temp_directory_path() / ("qflash_special_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "sub");
+  std::string const fifo = (dir / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(MappedFile{fifo}, doctest::Contains("fifo: is a FIFO, expected a regular file"), Error);
+  CHECK_THROWS_WITH_AS(MappedFile((dir / "sub").string()),
+                       doctest::Contains("sub: is a directory, expected a regular file"), Error);
+  std::filesystem::remove_all(dir);
 }

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora tests/fuzz/corpus/{gguf,safetensors}/ (small valid and near-valid
-files, a few KB in all). Standard library only; rerun after changing it:
+"""Writes the seed corpora tests/fuzz/corpus/<target>/ (small valid and near-valid inputs):
+gguf, safetensors, checksums (SHA256SUMS text), config (config.json, "\0", then
+generation_config.json) and tokenizer (tokenizer.json). Standard library only; rerun after
+changing it:
 
     python3 tests/fuzz/make_corpus.py
 
 GGUF layout as in llama.cpp ggml/include/gguf.h (v2/v3, little-endian); safetensors as in
-io/safetensors.hpp. The files are deterministic, so a rerun leaves git clean.
+io/safetensors.hpp. The config and tokenizer seeds start from the files in tests/fixtures/
+(minified). The files are deterministic, so a rerun leaves git clean.
 """
 import json
 import os
@@ -168,8 +171,106 @@ def safetensors_seeds():
     return seeds
 
 
+ABC = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # SHA-256("abc")
+
+
+def checksums_seeds():
+    gnu = f"{ABC}  model-00001-of-00002.safetensors\n{ABC} *config.json\n"
+    return {
+        "gnu.txt": gnu.encode(),
+        "gnu_crlf.txt": gnu.replace("\n", "\r\n").encode(),
+        "tag.txt": f"SHA256 (sub/dir/tokenizer.json) = {ABC.upper()}\n\n".encode(),
+        "duplicate_same.txt": f"{ABC}  a.bin\n{ABC}  ./a.bin\n".encode(),
+        "near_duplicate.txt": f"{ABC}  a.bin\n{'0' * 64}  a.bin\n".encode(),
+        "near_traversal.txt": f"{ABC}  ../../etc/passwd\n{ABC}  /etc/passwd\n".encode(),
+        "near_short_digest.txt": f"{ABC[:63]}  a.bin\n".encode(),
+        "near_blank.txt": b" \r\n\t\n",
+    }
+
+
+def minified(path):
+    with open(os.path.join(HERE, "..", "fixtures", path), encoding="utf-8") as f:
+        return json.dumps(json.load(f), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def nested(depth):
+    """JSON nested `depth` deep: a parser or an error message that recurses must not overflow."""
+    return b"[" * depth + b"]" * depth
+
+
+def config_seeds():
+    seeds = {}
+    for d in ("qwen3_moe_tiny", "qwen3_5_moe_tiny", "qwen3_5_moe_tiny_vl"):
+        seeds[d + ".json"] = minified(d + "/config.json") + b"\0" + minified(d + "/generation_config.json")
+    seeds["qwen3_6_35b_a3b.json"] = minified("qwen3_6_35b_a3b_config/config.json")
+    seeds["defaults_qwen3_moe.json"] = b'{"model_type":"qwen3_moe"}'
+    seeds["defaults_qwen3_5_moe.json"] = b'{"model_type":"qwen3_5_moe","text_config":{}}'
+    seeds["near_rope_scaling.json"] = (b'{"model_type":"qwen3_moe","rope_scaling":{"type":"yarn",'
+                                       b'"factor":4},"eos_token_id":[1,2]}')
+    seeds["near_layer_types.json"] = (b'{"model_type":"qwen3_5_moe","num_hidden_layers":2,'
+                                      b'"layer_types":["full_attention","mamba"],'
+                                      b'"rope_parameters":{"mrope_section":[11,11,10]}}')
+    seeds["near_nested.json"] = b'{"model_type":' + nested(5000) + b"}"
+    seeds["near_nested_generation.json"] = b'{"model_type":"qwen3_moe"}\0' + nested(5000)
+    return seeds
+
+
+def tokenizer_seeds():
+    sym = byte_level_symbols()
+    vocab = {sym[b]: b for b in range(256)}
+    for i, (a, b) in enumerate([("h", "e"), (" ", "w"), ("he", "l"), ("hel", "l")]):
+        a = "".join(sym[ord(c)] for c in a)
+        b = "".join(sym[ord(c)] for c in b)
+        vocab[a + b] = 300 + i  # ids 256..299 are holes
+    merges = [f"{sym[ord('h')]} {sym[ord('e')]}", [sym[ord(" ")], sym[ord("w")]],
+              f"{sym[ord('h')]}{sym[ord('e')]} {sym[ord('l')]}", "#version: 0.2"]
+    tok = {
+        "version": "1.0",
+        "added_tokens": [
+            {"id": 310, "content": "<|im_end|>", "special": True},
+            {"id": 311, "content": "<tool>", "special": False, "lstrip": True, "rstrip": True,
+             "single_word": True, "normalized": True},
+        ],
+        "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": "\n"}, "behavior": "MergedWithPrevious"},
+            {"type": "Split", "pattern": {"Regex": "\\d{1,3}"}, "behavior": "Contiguous",
+             "invert": True},
+            {"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}]},
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [{"type": "ByteLevel"}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": sym[ord("?")], "fuse_unk": True,
+                  "ignore_merges": True, "vocab": vocab, "merges": merges},
+    }
+    dump = lambda t: json.dumps(t, separators=(",", ":"), ensure_ascii=False).encode()
+    seeds = {
+        "qwen_fixture.json": minified("tokenizer/tokenizer.json"),
+        "byte_level_no_merges.json": minified("qwen3_moe_tiny/tokenizer.json"),
+        "variants.json": dump(tok),
+    }
+    bad = json.loads(dump(tok))
+    bad["model"]["merges"].append(f"{sym[ord('x')]} {sym[ord('y')]}")
+    seeds["near_merge_result_missing.json"] = dump(bad)
+    bad = json.loads(dump(tok))
+    bad["pre_tokenizer"]["pretokenizers"][1]["pattern"]["Regex"] = "(a+)+$("
+    seeds["near_bad_regex.json"] = dump(bad)
+    bad = json.loads(dump(tok))
+    bad["added_tokens"][0]["id"] = 1 << 24
+    seeds["near_added_id_range.json"] = dump(bad)
+    seeds["near_nested.json"] = b'{"model":' + nested(5000) + b"}"
+    deep = {"type": "ByteLevel"}
+    for _ in range(200):
+        deep = {"type": "Sequence", "pretokenizers": [deep]}
+    bad = json.loads(dump(tok))
+    bad["pre_tokenizer"] = deep
+    seeds["near_deep_sequence.json"] = dump(bad)
+    return seeds
+
+
 def main():
-    for sub, seeds in (("gguf", gguf_seeds()), ("safetensors", safetensors_seeds())):
+    for sub, seeds in (("gguf", gguf_seeds()), ("safetensors", safetensors_seeds()),
+                       ("checksums", checksums_seeds()), ("config", config_seeds()),
+                       ("tokenizer", tokenizer_seeds())):
         d = os.path.join(HERE, "corpus", sub)
         os.makedirs(d, exist_ok=True)
         for fn in os.listdir(d):

@@ -21,6 +21,7 @@
 #include "qflash/core/log.hpp"
 #include "qflash/io/checkpoint.hpp"
 #include "qflash/io/hf_config.hpp"
+#include "qflash/io/paths.hpp"
 #include "qflash/spec/presets.hpp"
 
 using namespace qflash;
@@ -684,4 +685,74 @@ TEST_CASE("fixture qwen3_5_moe_tiny_vl: nested config, sharded BF16 checkpoint")
   auto const& w = ck.get(p + "layers.0.input_layernorm.weight");
   std::vector<float> f = read_f32(w);
   CHECK(f[3] == read_scalar_f32(w, 3));
+}
+
+TEST_CASE("null fields: an error where transformers would fail, absent where it reads None") {
+  TempDir tmp;
+  std::string const path = tmp.file("config.json");
+  for (char const* key : {"vocab_size", "hidden_size", "rms_norm_eps", "hidden_act", "head_dim"}) {
+    CAPTURE(key);
+    json c = qwen3_30b_config();
+    c[key] = nullptr;
+    expect_error([&] { load_json(tmp, c); }, {path, std::string("field '") + key + "' must be", "got null"});
+  }
+  json c = qwen3_30b_config();
+  c["eos_token_id"] = nullptr;
+  c["mlp_only_layers"] = nullptr;
+  c["attention_bias"] = nullptr;
+  ModelConfig const cfg = load_json(tmp, c);
+  CHECK(cfg.eos_token_ids.empty());
+  CHECK(cfg.mlp_only_layers.empty());
+}
+
+TEST_CASE("special token ids and the layer count are bounded") {
+  TempDir tmp;
+  std::string const path = tmp.file("config.json");
+  json c = qwen3_30b_config();
+  c["eos_token_id"] = 151936;  // == vocab_size
+  expect_error([&] { load_json(tmp, c); }, {path, "eos_token_id 151936", "outside the vocabulary [0, 151936)"});
+  c = qwen3_30b_config();
+  c["bos_token_id"] = 2000000;
+  expect_error([&] { load_json(tmp, c); }, {path, "bos_token_id 2000000"});
+  c = qwen3_30b_config();
+  tmp.write("generation_config.json", R"({"eos_token_id": [151645, 999999]})");
+  expect_error([&] { load_json(tmp, c); }, {path, "eos_token_id 999999"});
+  fs::remove(tmp.file("generation_config.json"));
+  c["num_hidden_layers"] = 2147483647;  // would size per-layer tables before any weight is read
+  expect_error([&] { load_json(tmp, c); }, {path, "num_hidden_layers", "up to 4096"});
+  // Sizes whose products would overflow the parameter and byte counts (found by config_fuzz).
+  c = qwen3_30b_config();
+  c["hidden_size"] = 2147483646;
+  c["head_dim"] = 1073741824;
+  c["num_attention_heads"] = 2;
+  c["num_key_value_heads"] = 2;
+  expect_error([&] { load_json(tmp, c); }, {path, "hidden size = 2147483646 is above 131072"});
+  c = qwen3_30b_config();
+  c["num_experts"] = 1 << 20;
+  expect_error([&] { load_json(tmp, c); }, {path, "experts = 1048576 is above 16384"});
+}
+
+TEST_CASE("deeply nested JSON gives a short error, not a stack overflow") {
+  TempDir tmp;
+  std::string const depth(200000, '[');
+  std::string const close(200000, ']');
+  tmp.write("config.json", R"({"model_type": )" + depth + close + "}");
+  expect_error([&] { (void)load_config(tmp.dir()); },
+               {"field 'model_type' must be a string, got [[[[", "..."});
+  Json const nested = parse_json(depth + close, "nested");
+  std::string const e = json_excerpt(nested);
+  CHECK(e.size() <= 80);
+  CHECK(e.starts_with("[[[["));
+  CHECK(json_excerpt(Json::parse(R"({"a": [1, 2], "b": "x"})")) == R"({"a":[1,2],"b":"x"})");
+  CHECK(json_excerpt(Json(std::string(200, 'x'))).size() == 80);
+}
+
+TEST_CASE("path_inside keeps metadata file names inside the model directory") {
+  CHECK(path_inside("/m", "model-00001.safetensors", "/m/SHA256SUMS") == "/m/model-00001.safetensors");
+  CHECK(path_inside("/m", "sub/tokenizer.json", "/m/SHA256SUMS") == "/m/sub/tokenizer.json");
+  expect_error([] { (void)path_inside("/m", "../../etc/passwd", "/m/SHA256SUMS"); },
+               {"/m/SHA256SUMS", "'../../etc/passwd' leaves the model directory"});
+  expect_error([] { (void)path_inside("/m", "a/../../x", "/m/SHA256SUMS"); }, {"leaves the model directory"});
+  expect_error([] { (void)path_inside("/m", "/etc/passwd", "/m/SHA256SUMS"); }, {"'/etc/passwd' is absolute"});
+  expect_error([] { (void)path_inside("/m", "", "/m/SHA256SUMS"); }, {"empty file name"});
 }

@@ -491,6 +491,9 @@ TEST_CASE("malformed tokenizer.json gives errors naming the file and the field")
   with("negative id", [](Json& j) { j["model"]["vocab"]["zz"] = -3; }, {"model.vocab[\"zz\"]"});
   with("duplicate id", [](Json& j) { j["model"]["vocab"]["zz"] = 5; },
        {"model.vocab", "gives id 5 to both"});
+  with("one id far past the others (a 1 GB table from a small file)",
+       [](Json& j) { j["model"]["vocab"]["zz"] = (1 << 24) - 1; },
+       {"token id 16777215 is far beyond the", "tokens defined"});
   with("unknown model type", [](Json& j) { j["model"]["type"] = "WordPiece"; },
        {"'model.type'", "\"WordPiece\"", "unsupported model type"});
   with("missing merges", [](Json& j) { j["model"].erase("merges"); },

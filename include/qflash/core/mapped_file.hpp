@@ -24,14 +24,20 @@ class MappedFile {
   MappedFile() = default;
 
   /// Maps `path` read-only; throws Error naming the file when it cannot.
+  /// Only a regular file (or a link to one) is opened: a FIFO, device or directory is refused
+  /// by name, never waited on (O_NONBLOCK keeps open() of a FIFO from blocking).
   explicit MappedFile(std::string path) : path_(std::move(path)) {
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     QFLASH_CHECK(fd >= 0, path_, ": cannot open: ", std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       int err = errno;
       ::close(fd);
       QFLASH_FAIL(path_, ": cannot stat: ", std::strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      QFLASH_FAIL(path_, ": is ", file_kind(st.st_mode), ", expected a regular file");
     }
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ > 0) {
@@ -67,6 +73,14 @@ class MappedFile {
   [[nodiscard]] std::string const& path() const { return path_; }
 
  private:
+  static char const* file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+    return "a special file";
+  }
+
   void unmap() {
     if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
     data_ = nullptr;

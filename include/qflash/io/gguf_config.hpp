@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "qflash/core/error.hpp"
@@ -48,6 +49,8 @@ inline model::ModelConfig config_from_gguf(GgufFile const& f) {
 
   c.d_model = gguf_positive(f, key("embedding_length"));
   int const blocks = gguf_positive(f, key("block_count"));
+  QFLASH_CHECK(blocks <= 4096, f.path(), ": metadata '", key("block_count"), "' = ", blocks,
+               " is above 4096 layers");
   int const mtp = f.has(key("nextn_predict_layers")) ? static_cast<int>(f.get_int(key("nextn_predict_layers"))) : 0;
   QFLASH_CHECK(mtp >= 0 && mtp < blocks, f.path(), ": metadata '", key("nextn_predict_layers"), "' = ", mtp,
                " (expected fewer than block_count = ", blocks, ")");
@@ -80,9 +83,16 @@ inline model::ModelConfig config_from_gguf(GgufFile const& f) {
   QFLASH_CHECK(embd.ne[1] > 0 && embd.ne[1] <= (std::int64_t{1} << 30), f.path(), ": tensor 'token_embd.weight' vocabulary ",
                embd.ne[1], " is out of range");
   c.vocab = static_cast<int>(embd.ne[1]);
-  if (auto eos = f.find_int("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {static_cast<int>(*eos)};
-  if (auto bos = f.find_int("tokenizer.ggml.bos_token_id")) c.bos_token_id = static_cast<int>(*bos);
-  if (auto pad = f.find_int("tokenizer.ggml.padding_token_id")) c.pad_token_id = static_cast<int>(*pad);
+  auto token_id = [&](char const* k) -> std::optional<int> {
+    auto id = f.find_int(k);
+    if (!id) return std::nullopt;
+    QFLASH_CHECK(*id >= 0 && *id < c.vocab, f.path(), ": metadata '", k, "' = ", *id,
+                 " is outside the vocabulary [0, ", c.vocab, ")");
+    return static_cast<int>(*id);
+  };
+  if (auto eos = token_id("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {*eos};
+  c.bos_token_id = token_id("tokenizer.ggml.bos_token_id");
+  c.pad_token_id = token_id("tokenizer.ggml.padding_token_id");
 
   if (qwen35) {
     c.attn_output_gate = true;

@@ -98,6 +98,13 @@ inline void check_mrope_section(JsonFields const& f, int rotary_dim) {
   }
 }
 
+/// num_hidden_layers, bounded so that a corrupt value fails here rather than in an allocation.
+inline int layer_count(JsonFields const& f, int fallback) {
+  constexpr int kMaxLayers = 4096;
+  return static_cast<int>(f.integer("num_hidden_layers", fallback, 1, kMaxLayers,
+                                    "a positive integer up to 4096"));
+}
+
 inline std::vector<LayerKind> parse_layer_types(JsonFields const& f, int n_layer) {
   std::vector<LayerKind> out;
   if (f.has("layer_types")) {
@@ -160,7 +167,7 @@ inline ModelConfig load_config(std::string const& dir) {
   if (qwen35) {  // Qwen3_5MoeTextConfig defaults
     c.vocab = t.positive_int("vocab_size", 248320);
     c.d_model = t.positive_int("hidden_size", 2048);
-    c.n_layer = t.positive_int("num_hidden_layers", 40);
+    c.n_layer = detail::layer_count(t, 40);
     c.n_head = t.positive_int("num_attention_heads", 16);
     c.n_head_kv = t.positive_int("num_key_value_heads", 2);
     c.d_head = t.positive_int("head_dim", 256);
@@ -192,7 +199,7 @@ inline ModelConfig load_config(std::string const& dir) {
   } else {  // Qwen3MoeConfig defaults
     c.vocab = t.positive_int("vocab_size", 151936);
     c.d_model = t.positive_int("hidden_size", 2048);
-    c.n_layer = t.positive_int("num_hidden_layers", 24);
+    c.n_layer = detail::layer_count(t, 24);
     c.n_head = t.positive_int("num_attention_heads", 32);
     c.n_head_kv = t.positive_int("num_key_value_heads", 4);
     // Qwen3MoeAttention: getattr(config, "head_dim", hidden_size // num_attention_heads)
@@ -268,6 +275,15 @@ inline ModelConfig load_config(std::string const& dir) {
     if (!c.bos_token_id) c.bos_token_id = gf.optional_nonneg_int("bos_token_id");
     if (!c.pad_token_id) c.pad_token_id = gf.optional_nonneg_int("pad_token_id");
   }
+  // A special token the embedding does not have would index past it.
+  auto check_id = [&](std::optional<int> id, std::string_view key) {
+    if (id && *id >= c.vocab)
+      QFLASH_FAIL(path, ": ", key, " ", *id, " (config.json or generation_config.json) is outside the vocabulary [0, ",
+                  c.vocab, ") of ", t.field("vocab_size"));
+  };
+  for (int id : c.eos_token_ids) check_id(id, "eos_token_id");
+  check_id(c.bos_token_id, "bos_token_id");
+  check_id(c.pad_token_id, "pad_token_id");
 
   (void)c.spec(KvScheme::kAny, WeightFormat::kAny);  // why_invalid, naming the file
   std::vector<std::string> defaulted = t.defaulted();

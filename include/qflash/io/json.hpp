@@ -22,10 +22,33 @@ namespace qflash::io {
 
 using Json = nlohmann::json;
 
-/// A short printable form of a JSON value for error messages (at most ~80 characters).
+namespace detail {
+/// Writes `v` to `out` until it holds `limit` characters. Containers are walked one element
+/// at a time and every level writes at least one character, so the recursion is at most
+/// `limit` deep however deeply the value nests.
+inline void write_excerpt(Json const& v, std::string& out, std::size_t limit) {
+  if (out.size() >= limit) return;
+  if (v.is_object() || v.is_array()) {
+    out += v.is_object() ? '{' : '[';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end() && out.size() < limit; ++it, first = false) {
+      if (!first) out += ',';
+      if (v.is_object()) out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace) + ':';
+      write_excerpt(*it, out, limit);
+    }
+    out += v.is_object() ? '}' : ']';
+    return;
+  }
+  out += v.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+}  // namespace detail
+
+/// A short printable form of a JSON value for error messages (at most 80 characters).
 inline std::string json_excerpt(Json const& v) {
-  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  constexpr std::size_t kLimit = 80;
+  std::string s;
+  detail::write_excerpt(v, s, kLimit);
+  if (s.size() > kLimit) s = s.substr(0, kLimit - 3) + "...";
   return s;
 }
 
@@ -47,8 +70,10 @@ inline Json read_json_file(std::string const& path) {
 
 /// A JSON object plus where it came from, with typed field access. Every accessor throws Error
 /// naming the file and the dotted field path (`prefix` + key) and saying what was expected.
-/// Accessors with a fallback use it only when the key is absent or null, and record the key in
-/// `defaulted()` so the caller can report which reference defaults were applied.
+/// Accessors with a fallback use it only when the key is absent, and record the key in
+/// `defaulted()` so the caller can report which reference defaults were applied. A null is
+/// absent only where transformers reads None as "not set" (booleans, lists, token ids); a
+/// null integer, number or string is an error, as it would be there.
 class JsonFields {
  public:
   /// `prefix` is the dotted path of `object` inside the file ("" for the top level,
@@ -76,11 +101,13 @@ class JsonFields {
     return &*it;
   }
   [[nodiscard]] bool has(std::string_view key) const { return find(key) != nullptr; }
+  /// True when the key is present, even as null.
+  [[nodiscard]] bool contains(std::string_view key) const { return j_->contains(key); }
 
   [[noreturn]] void fail(std::string_view key, std::string_view expected) const {
-    Json const* v = find(key);
-    if (!v) QFLASH_FAIL(file_, ": missing field '", field(key), "' (", expected, ")");
-    QFLASH_FAIL(file_, ": field '", field(key), "' must be ", expected, ", got ", json_excerpt(*v));
+    auto it = j_->find(key);
+    if (it == j_->end()) QFLASH_FAIL(file_, ": missing field '", field(key), "' (", expected, ")");
+    QFLASH_FAIL(file_, ": field '", field(key), "' must be ", expected, ", got ", json_excerpt(*it));
   }
 
   // --- integers ---------------------------------------------------------------------------
@@ -95,7 +122,7 @@ class JsonFields {
   [[nodiscard]] std::int64_t integer(std::string_view key, std::int64_t fallback,
                                      std::int64_t lo, std::int64_t hi,
                                      std::string_view expected) const {
-    if (!has(key)) return note_default(key, fallback);
+    if (!contains(key)) return note_default(key, fallback);
     return integer(key, lo, hi, expected);
   }
   [[nodiscard]] int positive_int(std::string_view key) const {
@@ -142,7 +169,7 @@ class JsonFields {
     return v->get<double>();
   }
   [[nodiscard]] double number(std::string_view key, double fallback) const {
-    if (!has(key)) return note_default(key, fallback);
+    if (!contains(key)) return note_default(key, fallback);
     return number(key);
   }
   [[nodiscard]] double positive_number(std::string_view key, double fallback) const {
@@ -162,7 +189,7 @@ class JsonFields {
     return v->get<std::string>();
   }
   [[nodiscard]] std::string string(std::string_view key, std::string fallback) const {
-    if (!has(key)) return note_default(key, std::move(fallback));
+    if (!contains(key)) return note_default(key, std::move(fallback));
     return string(key);
   }
   [[nodiscard]] std::vector<std::string> string_list(std::string_view key) const {

@@ -244,6 +244,10 @@ class Tokenizer {
   /// token (holes) decode to nothing. Model embedding tables are often padded past it.
   [[nodiscard]] std::int32_t vocab_size() const { return static_cast<std::int32_t>(flags_.size()); }
 
+  /// True when a token has this id (not a hole, not past the vocabulary).
+  [[nodiscard]] bool has(std::int32_t id) const {
+    return id >= 0 && id < vocab_size() && (flags_[static_cast<std::size_t>(id)] & kPresent);
+  }
   [[nodiscard]] bool is_special(std::int32_t id) const { return has(id) && (flag(id) & kSpecial); }
   [[nodiscard]] bool is_added(std::int32_t id) const { return has(id) && (flag(id) & kAdded); }
   [[nodiscard]] std::span<AddedToken const> added_tokens() const { return added_; }
@@ -261,12 +265,10 @@ class Tokenizer {
   static constexpr std::uint8_t kPresent = 1, kAdded = 2, kSpecial = 4;
   /// Ids index dense tables; 2^24 is 60x Qwen3.5's 248k and bounds what a bad file allocates.
   static constexpr std::int64_t kMaxId = std::int64_t{1} << 24;
+  static constexpr std::int64_t kIdSlack = 1024;
 
   Tokenizer() : cache_(std::make_unique<detail::WordCache>()) {}
 
-  [[nodiscard]] bool has(std::int32_t id) const {
-    return id >= 0 && id < vocab_size() && (flags_[static_cast<std::size_t>(id)] & kPresent);
-  }
   [[nodiscard]] std::uint8_t flag(std::int32_t id) const {
     return flags_[static_cast<std::size_t>(id)];
   }
@@ -848,6 +850,11 @@ class Tokenizer {
     std::int32_t max_id = -1;
     for (auto const& [tok, id] : vocab_) max_id = std::max(max_id, id);
     for (auto const& t : added_) max_id = std::max(max_id, t.id);
+    // Ids index dense tables: a few ids far past the tokens (holes) are normal, a lone huge id
+    // would make a small file allocate a gigabyte.
+    std::int64_t const n_tokens = static_cast<std::int64_t>(vocab_.size() + added_.size());
+    QFLASH_CHECK(max_id < 2 * n_tokens + kIdSlack, file, ": token id ", max_id, " is far beyond the ", n_tokens,
+                 " tokens defined (ids must stay below 2 x tokens + ", kIdSlack, ")");
     auto const n = static_cast<std::size_t>(max_id) + 1;
     tokens_.assign(n, {});
     bytes_.assign(n, {});

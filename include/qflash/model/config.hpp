@@ -94,7 +94,32 @@ struct ModelConfig {
     };
     auto why = why_invalid(s);
     QFLASH_CHECK(why.empty(), source, ": unsupported model: ", why);
+    check_sizes();
     return s;
+  }
+
+  /// Bounds far above any published model, so that a corrupt config fails here by name, and
+  /// the int64 size arithmetic below (parameters, bytes) cannot overflow.
+  void check_sizes() const {
+    constexpr std::int64_t kMaxWidth = std::int64_t{1} << 17, kMaxCount = std::int64_t{1} << 14;
+    auto bound = [&](char const* name, std::int64_t v, std::int64_t hi) {
+      QFLASH_CHECK(v <= hi, source, ": ", name, " = ", v, " is above ", hi, " (not a real model's size)");
+    };
+    bound("hidden size", d_model, kMaxWidth);
+    bound("head dim", d_head, kMaxWidth);
+    bound("expert ffn size", d_ff_expert, kMaxWidth);
+    bound("shared expert ffn size", d_ff_shared, kMaxWidth);
+    bound("dense ffn size", d_ff_dense, kMaxWidth);
+    bound("linear key head dim", d_head_k_linear, kMaxWidth);
+    bound("linear value head dim", d_head_v_linear, kMaxWidth);
+    bound("attention heads", n_head, kMaxCount);
+    bound("kv heads", n_head_kv, kMaxCount);
+    bound("experts", n_expert, kMaxCount);
+    bound("linear key heads", n_head_k_linear, kMaxCount);
+    bound("linear value heads", n_head_v_linear, kMaxCount);
+    bound("layers", n_layer, 4096);
+    bound("vocabulary", vocab, std::int64_t{1} << 24);
+    bound("max positions", max_position_embeddings, std::int64_t{1} << 24);
   }
 
   // --- Parameter counts (text model only: no MTP, no vision tower) --------------------------

@@ -11,6 +11,7 @@
 /// and caches are owned by the runtime (runtime/load_model.hpp); the model holds views.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -140,6 +141,13 @@ class Model {
     }
     logits.resize(static_cast<std::size_t>(n_rows * cfg_.vocab));
     project<S, Arch>(w_.lm_head, rows, n_rows, logits.data(), stream, "lm_head");
+    // Garbage in the weights shows here first; a vocab-sized scan per row costs far less than
+    // the lm_head GEMV that wrote it.
+    for (std::int64_t r = 0; r < n_rows; ++r)
+      for (std::int64_t i = 0; i < cfg_.vocab; ++i)
+        QFLASH_CHECK(std::isfinite(logits[static_cast<std::size_t>(r * cfg_.vocab + i)]),
+                     "the logits of batch row ", r, " are not finite (NaN or Inf): the model's weights or "
+                     "activations overflowed or hold NaN/Inf (qflash inspect --check-weights scans the weights)");
 
     for (auto const& c : seqs) c.state->advance(static_cast<std::int64_t>(c.tokens.size()));
   }

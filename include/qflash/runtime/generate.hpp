@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -18,6 +19,7 @@
 
 namespace qflash::runtime {
 
+/// kLength: max_tokens were generated, or the sequence filled the context.
 enum class FinishReason { kLength, kEos, kStopString };
 
 constexpr std::string_view to_string(FinishReason r) {
@@ -34,6 +36,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<std::string> stop;          ///< stop strings; not included in the output
   std::vector<std::int32_t> eos_ids;      ///< stop tokens; not included in the output
+  int max_context = 0;                    ///< prompt + generated tokens at most (0: the model's max positions)
 };
 
 struct GenerateResult {
@@ -73,12 +76,27 @@ inline std::size_t held_back(std::string_view text, std::vector<std::string> con
   return hold;
 }
 
+/// Throws Error unless the tokenizer can only produce ids the model embeds. A
+/// tokenizer with fewer ids than the model is normal (checkpoints pad the vocabulary):
+/// generate() never samples the ids it lacks.
+inline void check_tokenizer_fits(io::Tokenizer const& tok, model::ModelConfig const& cfg) {
+  QFLASH_CHECK(tok.vocab_size() <= cfg.vocab, tok.source(), ": the tokenizer has ids up to ", tok.vocab_size() - 1,
+               ", but the model's vocabulary is ", cfg.vocab, " (", cfg.source,
+               "): the tokenizer belongs to another model");
+}
+
 template <class Model>
 GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::int32_t const> prompt,
                         GenerateOptions const& opt,
                         std::function<void(std::string_view)> const& on_text = {}) {
   QFLASH_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
   QFLASH_CHECK(opt.max_tokens >= 0, "max_tokens must be >= 0, got ", opt.max_tokens);
+  std::int64_t const model_limit = model.config().max_position_embeddings;
+  QFLASH_CHECK(opt.max_context >= 0 && opt.max_context <= model_limit, "the context size must be in [1, ",
+               model_limit, "] (max_position_embeddings), got ", opt.max_context);
+  std::int64_t const context = opt.max_context > 0 ? opt.max_context : model_limit;
+  QFLASH_CHECK(static_cast<std::int64_t>(prompt.size()) < context, "the prompt has ", prompt.size(),
+               " tokens, which leaves no room to generate in a context of ", context, " tokens");
   using clock = std::chrono::steady_clock;
   GenerateResult res;
   res.n_prompt = static_cast<std::int64_t>(prompt.size());
@@ -87,6 +105,13 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
   std::vector<float> logits;
   io::StreamDecoder decoder(tok);
+  // Ids the tokenizer has no token for (the padding of the vocabulary) are never sampled.
+  std::vector<std::int32_t> untokenizable;
+  for (std::int32_t id = 0; id < model.config().vocab; ++id)
+    if (!tok.has(id)) untokenizable.push_back(id);
+  auto mask = [&] {
+    for (std::int32_t id : untokenizable) logits[static_cast<std::size_t>(id)] = -INFINITY;
+  };
   std::size_t emitted = 0;  // bytes of res.text already passed to on_text
 
   auto const t0 = clock::now();
@@ -96,6 +121,7 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
   for (int i = 0; i < opt.max_tokens; ++i) {
+    mask();
     std::int32_t const next = sampler.sample(logits, history);
     if (std::find(opt.eos_ids.begin(), opt.eos_ids.end(), next) != opt.eos_ids.end()) {
       res.finish = FinishReason::kEos;
@@ -114,7 +140,7 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
     std::size_t const ready = res.text.size() - held_back(res.text, opt.stop);
     if (on_text && ready > emitted) on_text(std::string_view(res.text).substr(emitted, ready - emitted));
     emitted = std::max(emitted, ready);
-    if (i + 1 == opt.max_tokens) break;
+    if (i + 1 == opt.max_tokens || static_cast<std::int64_t>(history.size()) == context) break;
     chunk = {std::span(&res.tokens.back(), 1), &state};
     model.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
   }

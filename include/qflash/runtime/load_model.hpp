@@ -13,12 +13,18 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <limits>
+#include <span>
+#include <string_view>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -48,6 +54,8 @@ struct LoadOptions {
   bool progress = ::isatty(2) != 0;             ///< load progress bar on stderr
   bool verify_checksums = true;                 ///< check SHA256SUMS when the directory has one
   model::ModelOptions model;
+  /// The model's config when the caller has parsed it already (to check flags against it).
+  std::optional<model::ModelConfig> config;
 };
 
 /// What the weights' views point into: the mapped checkpoint and the buffers made at load.
@@ -95,6 +103,19 @@ inline WeightFormat stored_format(io::TensorRecord const& t) {
   return WeightFormat::kAny;
 }
 
+inline bool all_finite(std::span<float const> x) {
+  for (float v : x)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+/// Throws Error naming the tensor when a vector parameter holds a NaN or Inf.
+inline void check_finite(std::span<float const> x, std::string const& file, std::string_view name) {
+  for (std::size_t i = 0; i < x.size(); ++i)
+    QFLASH_CHECK(std::isfinite(x[i]), file, ": tensor '", name, "' holds a non-finite value (", x[i],
+                 ") at index ", i);
+}
+
 /// Binds source matrices in the formats a weight scheme gives them: a view in place when the
 /// source already has that format (and is aligned), else a converted copy in the storage.
 class Converter {
@@ -103,13 +124,16 @@ class Converter {
 
   [[nodiscard]] WeightScheme scheme() const { return scheme_; }
 
-  /// `src` (rows of a stored tensor, in a file mapping) in the format the scheme gives
+  /// `src` (rows of stored tensor `name`, in a file mapping) in the format the scheme gives
   /// `role`. A converted tensor's stored pages are released: resident memory holds one copy.
-  WeightView bind(WeightView const& src, WeightRole role) {
+  /// Converting reads every value, so a NaN or Inf found on the way is an Error naming `name`.
+  WeightView bind(WeightView const& src, WeightRole role, std::string_view name) {
     WeightFormat const want = format_for(scheme_, role, src.cols, src.format);
     if (want != runtime::detail::wanted_format(scheme_, role, src.format)) ++fallbacks_[want];
     if (want == src.format && aligned(src)) return src;
     WeightView const out = convert(src, want);
+    if (first_bad_row_ >= 0)
+      QFLASH_FAIL("tensor '", name, "': row ", first_bad_row_, " holds a non-finite value (NaN or Inf)");
     release_mapped_pages({static_cast<std::byte const*>(src.data), static_cast<std::size_t>(src.bytes())});
     return out;
   }
@@ -135,15 +159,23 @@ class Converter {
     return v.format == WeightFormat::kF32 ? a % 4 == 0 : a % 2 == 0;
   }
 
-  /// Every row of `src` decoded and re-encoded in `f`, into dst (rows * row_bytes(f)).
-  static void copy_rows(WeightView const& src, WeightFormat f, std::byte* dst) {
+  /// Every row of `src` decoded and re-encoded in `f`, into dst (rows * row_bytes(f)); the
+  /// first row holding a NaN or Inf goes to first_bad_row_.
+  void copy_rows(WeightView const& src, WeightFormat f, std::byte* dst) {
     std::int64_t const rb = row_bytes(f, src.cols);
+    std::atomic<std::int64_t> bad{std::numeric_limits<std::int64_t>::max()};
     parallel_for(0, src.rows, src.cols * 8, [&](std::int64_t r) {
       thread_local std::vector<float> row;
       row.resize(static_cast<std::size_t>(src.cols));
       dequantize_row(src, r, row.data());
+      if (!all_finite(row)) {
+        std::int64_t seen = bad.load();
+        while (r < seen && !bad.compare_exchange_weak(seen, r)) {
+        }
+      }
       encode_row(f, row.data(), src.cols, dst + r * rb);
     });
+    first_bad_row_ = bad.load() == std::numeric_limits<std::int64_t>::max() ? -1 : bad.load();
   }
 
   /// `src` converted to format `want` in owned memory.
@@ -159,6 +191,10 @@ class Converter {
     std::vector<float> dense(static_cast<std::size_t>(src.rows * src.cols));
     parallel_for(0, src.rows, src.cols * 8,
                  [&](std::int64_t r) { dequantize_row(src, r, dense.data() + r * src.cols); });
+    first_bad_row_ = -1;
+    for (std::int64_t r = 0; r < src.rows && first_bad_row_ < 0; ++r)
+      if (!all_finite(std::span<float const>(dense.data() + r * src.cols, static_cast<std::size_t>(src.cols))))
+        first_bad_row_ = r;
     auto& grid = storage_.scales.emplace_back(static_cast<std::size_t>(fp8_scale_blocks(src.rows) * fp8_scale_blocks(src.cols)));
     quantize_fp8_block(dense.data(), src.rows, src.cols, reinterpret_cast<std::uint8_t*>(dst), grid.data());
     out.scales = grid.data();
@@ -168,6 +204,7 @@ class Converter {
   WeightScheme scheme_;
   WeightStorage& storage_;
   std::map<WeightFormat, int> fallbacks_;
+  std::int64_t first_bad_row_ = -1;  // of the last conversion
 };
 
 /// One log line per format that matrices fell back to.
@@ -201,7 +238,7 @@ class Binder {
       src.scale_row0 = 0;
       rows_begin -= e * per;
     }
-    return conv_.bind(src.slice_rows(rows_begin, rows), role);
+    return conv_.bind(src.slice_rows(rows_begin, rows), role, name);
   }
   WeightView matrix(std::string const& name, WeightRole role, std::int64_t rows, std::int64_t cols) {
     return matrix(name, role, Shape{rows, cols}, 0, rows, cols);
@@ -214,6 +251,7 @@ class Binder {
     io::TensorRecord const& t = get(name, expected);
     std::vector<float> out(static_cast<std::size_t>(t.shape.numel()));
     io::read_f32(t, out);
+    check_finite(out, *t.file, name);
     if (conv_.scheme() == WeightScheme::kBf16 && !keep_precision)
       for (float& x : out) x = round_to_bf16(x);
     return out;
@@ -387,14 +425,14 @@ class GgufBinder {
   /// A matrix [rows, cols] stored as ne {cols, rows}.
   WeightView matrix(std::string const& name, WeightRole role, std::int64_t rows, std::int64_t cols) {
     io::GgufTensor const& t = get(name, {cols, rows, 1, 1});
-    return conv_.bind(view(t), role);
+    return conv_.bind(view(t), role, name);
   }
 
   /// Expert e's [rows, cols] of a stacked tensor ne {cols, rows, n_expert}.
   WeightView expert(std::string const& name, WeightRole role, std::int64_t e, std::int64_t n_expert,
                     std::int64_t rows, std::int64_t cols) {
     io::GgufTensor const& t = get(name, {cols, rows, n_expert, 1});
-    return conv_.bind(view(t).slice_rows(e * rows, rows), role);
+    return conv_.bind(view(t).slice_rows(e * rows, rows), role, name);
   }
 
   /// A vector of n values as fp32 (any leading ne; ggml stores [n] or {n, 1}).
@@ -402,6 +440,7 @@ class GgufBinder {
     io::GgufTensor const& t = get(name, {n, 1, 1, 1});
     std::vector<float> out(static_cast<std::size_t>(n));
     dequantize_row(view(t), 0, out.data());
+    check_finite(out, f_.path(), name);
     return out;
   }
   /// A [rows, cols] table (e.g. the conv kernel, ne {d_conv, channels}) as fp32, row-major.
@@ -410,6 +449,7 @@ class GgufBinder {
     WeightView const v = view(t);
     std::vector<float> out(static_cast<std::size_t>(rows * cols));
     for (std::int64_t r = 0; r < rows; ++r) dequantize_row(v, r, out.data() + r * cols);
+    check_finite(out, f_.path(), name);
     return out;
   }
 
@@ -502,6 +542,29 @@ inline model::ModelWeights bind_gguf_weights(model::ModelConfig const& c, GgufBi
 }
 }  // namespace detail
 
+namespace detail {
+/// The files of a model directory that loading and running read (names relative to it): the
+/// configs and tokenizer present, and the weights Checkpoint::open will choose.
+inline std::vector<std::string> model_files(std::string const& dir) {
+  namespace fs = std::filesystem;
+  std::set<std::string> out;
+  std::error_code ec;
+  for (std::string name : {"config.json", "generation_config.json", "tokenizer.json"})
+    if (fs::exists(fs::path(dir) / name, ec)) out.insert(name);
+  std::string const index(io::Checkpoint::kIndexFile);
+  if (fs::exists(fs::path(dir) / io::Checkpoint::kSingleFile, ec)) {
+    out.insert(std::string(io::Checkpoint::kSingleFile));
+  } else if (fs::exists(fs::path(dir) / index, ec)) {
+    out.insert(index);
+    io::Json const j = io::read_json_file((fs::path(dir) / index).string());
+    if (auto it = j.find("weight_map"); it != j.end() && it->is_object())
+      for (auto const& shard : *it)
+        if (shard.is_string()) out.insert(shard.get<std::string>());
+  }
+  return {out.begin(), out.end()};
+}
+}  // namespace detail
+
 /// True when `path` is a GGUF file (by its magic), not a model directory.
 inline bool is_gguf_file(std::string const& path) {
   std::error_code ec;
@@ -519,7 +582,7 @@ inline LoadedModel load_gguf(std::string const& path, LoadOptions const& opts = 
   m.storage = std::make_shared<WeightStorage>();
   m.storage->gguf = std::make_unique<io::GgufFile>(path);
   io::GgufFile const& f = *m.storage->gguf;
-  m.config = io::config_from_gguf(f);
+  m.config = opts.config ? *opts.config : io::config_from_gguf(f);
   io::Progress progress("loading " + path, f.weight_bytes(), opts.progress);
   detail::GgufBinder binder(f, opts.weights, *m.storage, &progress);
   m.weights = detail::bind_gguf_weights(m.config, binder);
@@ -531,9 +594,9 @@ inline LoadedModel load_gguf(std::string const& path, LoadOptions const& opts = 
 /// file and field/tensor.
 inline LoadedModel load_model(std::string const& dir, LoadOptions const& opts = {}) {
   if (is_gguf_file(dir)) return load_gguf(dir, opts);
-  if (opts.verify_checksums && io::has_checksums(dir)) io::verify_checksums(dir);
+  if (opts.verify_checksums && io::has_checksums(dir)) io::verify_checksums(dir, detail::model_files(dir), opts.progress);
   LoadedModel m;
-  m.config = io::load_config(dir);
+  m.config = opts.config ? *opts.config : io::load_config(dir);
   m.scheme = opts.weights;
   m.storage = std::make_shared<WeightStorage>();
   m.storage->checkpoint = std::make_unique<io::Checkpoint>(io::Checkpoint::open(dir));

@@ -28,7 +28,9 @@ struct PerplexityResult {
 template <class Model>
 PerplexityResult perplexity(Model& model, std::span<std::int32_t const> ids, int context,
                             std::function<void(std::size_t, std::size_t)> const& on_window = {}) {
-  QFLASH_CHECK(context >= 2, "perplexity: the context must be >= 2 tokens, got ", context);
+  QFLASH_CHECK(context >= 2 && context <= model.config().max_position_embeddings,
+               "perplexity: the context must be in [2, ", model.config().max_position_embeddings,
+               "] tokens (max_position_embeddings), got ", context);
   QFLASH_CHECK(ids.size() >= 2, "perplexity: needs at least 2 tokens, got ", ids.size());
   std::int64_t const vocab = model.config().vocab;
   PerplexityResult r;

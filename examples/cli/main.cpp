@@ -29,6 +29,7 @@
 #include "qflash/runtime/load_model.hpp"
 #include "qflash/runtime/perplexity.hpp"
 #include "qflash/runtime/weight_plan.hpp"
+#include "qflash/runtime/with_model.hpp"
 
 #ifndef QFLASH_VERSION
 #define QFLASH_VERSION "unknown"
@@ -182,11 +183,7 @@ void scan_weights(model::ModelWeights const& w) {
       thread_local std::vector<float> row;
       row.resize(static_cast<std::size_t>(v.cols));
       dequantize_row(v, r, row.data());
-      for (float x : row)
-        if (!std::isfinite(x)) {
-          bad.store(r);
-          break;
-        }
+      if (!all_finite(row)) bad.store(r);
     });
     QFLASH_CHECK(bad.load() < 0, "tensor '", name, "': row ", bad.load(), " holds a non-finite value (NaN or Inf)");
     progress.advance(static_cast<std::uint64_t>(v.bytes()));

@@ -168,7 +168,33 @@ def safetensors_seeds():
         b'"data_offsets":[8,16]', b'"data_offsets":[4,12]')
     seeds["near_bad_dtype.safetensors"] = t.replace(b'"BF16"', b'"Q4KK"')
     seeds["near_shape_mismatch.safetensors"] = t.replace(b'"shape":[2,3]', b'"shape":[3,3]')
+    seeds["nano_qwen3_moe.safetensors"] = nano_qwen3_moe()
     return seeds
+
+
+def nano_qwen3_moe():
+    """Weights for safetensors_fuzz.cpp's kNanoConfig: a checkpoint the binder accepts."""
+    d, heads, kv, hd, experts, ff, vocab = 8, 2, 1, 4, 2, 4, 16
+    shapes = {"model.embed_tokens.weight": [vocab, d], "model.norm.weight": [d],
+              "lm_head.weight": [vocab, d]}
+    L = "model.layers.0."
+    shapes.update({L + "input_layernorm.weight": [d], L + "post_attention_layernorm.weight": [d],
+                   L + "self_attn.q_proj.weight": [heads * hd, d], L + "self_attn.k_proj.weight": [kv * hd, d],
+                   L + "self_attn.v_proj.weight": [kv * hd, d], L + "self_attn.o_proj.weight": [d, heads * hd],
+                   L + "self_attn.q_norm.weight": [hd], L + "self_attn.k_norm.weight": [hd],
+                   L + "mlp.gate.weight": [experts, d]})
+    for e in range(experts):
+        E = f"{L}mlp.experts.{e}."
+        shapes.update({E + "gate_proj.weight": [ff, d], E + "up_proj.weight": [ff, d],
+                       E + "down_proj.weight": [d, ff]})
+    entries = []
+    for i, (name, shape) in enumerate(sorted(shapes.items())):
+        n = 1
+        for s in shape:
+            n *= s
+        values = [((i * 7 + k * 3) % 11 - 5) / 8 for k in range(n)]  # small, varied, exact in bf16
+        entries.append((name, "BF16", shape, b"".join(struct.pack("<f", v)[2:] for v in values)))
+    return safetensors(entries)
 
 
 ABC = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # SHA-256("abc")

@@ -14,6 +14,7 @@
 #include "qflash/io/safetensors.hpp"
 #include "qflash/model/model.hpp"
 #include "qflash/runtime/load_model.hpp"
+#include "qflash/runtime/with_model.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace qflash;

@@ -165,7 +165,8 @@ class Checkpoint {
     }
     // Shards -> index: no shard holds a tensor the index does not put there.
     i = 0;
-    for (auto const& [shard, tensors] : by_shard) {
+    for (auto const& entry : by_shard) {
+      std::string const& shard = entry.first;  // a named reference: lambdas cannot capture bindings in C++20
       SafetensorsFile const& f = files_[i++];
       auto check = [&](std::string const& name) {
         auto it = wm->find(name);

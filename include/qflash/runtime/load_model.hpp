@@ -43,8 +43,8 @@
 #include "qflash/io/hf_config.hpp"
 #include "qflash/io/progress.hpp"
 #include "qflash/model/model.hpp"
+#include "qflash/numeric/finite.hpp"
 #include "qflash/numeric/weight_encode.hpp"
-#include "qflash/runtime/dispatch.hpp"
 #include "qflash/runtime/weight_plan.hpp"
 
 namespace qflash::runtime {
@@ -103,17 +103,10 @@ inline WeightFormat stored_format(io::TensorRecord const& t) {
   return WeightFormat::kAny;
 }
 
-inline bool all_finite(std::span<float const> x) {
-  for (float v : x)
-    if (!std::isfinite(v)) return false;
-  return true;
-}
-
 /// Throws Error naming the tensor when a vector parameter holds a NaN or Inf.
 inline void check_finite(std::span<float const> x, std::string const& file, std::string_view name) {
-  for (std::size_t i = 0; i < x.size(); ++i)
-    QFLASH_CHECK(std::isfinite(x[i]), file, ": tensor '", name, "' holds a non-finite value (", x[i],
-                 ") at index ", i);
+  std::size_t const i = first_non_finite(x);
+  QFLASH_CHECK(i == x.size(), file, ": tensor '", name, "' holds a non-finite value (", x[i], ") at index ", i);
 }
 
 /// Binds source matrices in the formats a weight scheme gives them: a view in place when the
@@ -620,22 +613,6 @@ std::unique_ptr<model::Model<S, Arch>> make_model(LoadedModel m, model::ModelOpt
 template <MoeSpec S, class Arch = arch::Cpu>
 std::unique_ptr<model::Model<S, Arch>> load_model_as(std::string const& dir, LoadOptions const& opts = {}) {
   return make_model<S, Arch>(load_model(dir, opts), opts.model);
-}
-
-/// Builds the model as the compiled spec that runs it (runtime/dispatch.hpp: an exact static
-/// instance, else a dynamic one with one log line naming the spec to build) and calls
-/// fn(model). Throws when no compiled spec runs it.
-template <class Arch = arch::Cpu, class Fn>
-void with_model(LoadedModel m, model::ModelOptions const& opts, Fn&& fn) {
-  MoeSpec const rt = m.spec();
-  std::string const source = m.config.source;
-  Status const s = dispatch_spec(rt, [&](auto spec) {
-    auto model = make_model<decltype(spec)::value, Arch>(std::move(m), opts);
-    fn(*model);
-    return Status::kSuccess;
-  });
-  QFLASH_CHECK(s == Status::kSuccess, source, ": no compiled instance runs this model (", to_string(s),
-               "); compiled specs: ", compiled_spec_names());
 }
 
 }  // namespace qflash::runtime

@@ -83,7 +83,7 @@ TEST_CASE("generation that fills the context ends with finish length") {
                        doctest::Contains("the prompt has 10 tokens, which leaves no room"), Error);
   g.max_context = 15;
   CHECK_THROWS_WITH_AS(runtime::generate(*m, tok, prompt, g),
-                       doctest::Contains("the context size must be in [1, 14]"), Error);
+                       doctest::Contains("the context size must be in [0, 14]"), Error);
 }
 
 TEST_CASE("a tokenizer with ids the model lacks is refused; ids the tokenizer lacks are never sampled") {
@@ -114,9 +114,14 @@ TEST_CASE("a tokenizer with ids the model lacks is refused; ids the tokenizer la
   std::vector<std::int32_t> const prompt{171, 56, 115, 66, 64, 182, 125, 75, 29, 93};
   runtime::GenerateOptions g;
   g.max_tokens = 12;
-  auto const res = runtime::generate(*m, tok, prompt, g);
+  auto res = runtime::generate(*m, tok, prompt, g);
   REQUIRE(res.tokens.size() == 12);
   for (auto id : res.tokens) CHECK(id != 188);
+  // An end-of-sequence id is still sampled when the tokenizer lacks it.
+  g.eos_ids = {188};
+  res = runtime::generate(*m, tok, prompt, g);
+  CHECK(res.finish == runtime::FinishReason::kEos);
+  CHECK(res.tokens.empty());
 }
 
 TEST_CASE("non-finite logits are an error, not text") {

@@ -4,6 +4,7 @@
 /// limit. Text that could be the start of a stop string is held back until it is decided.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -92,8 +93,8 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
   QFLASH_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
   QFLASH_CHECK(opt.max_tokens >= 0, "max_tokens must be >= 0, got ", opt.max_tokens);
   std::int64_t const model_limit = model.config().max_position_embeddings;
-  QFLASH_CHECK(opt.max_context >= 0 && opt.max_context <= model_limit, "the context size must be in [1, ",
-               model_limit, "] (max_position_embeddings), got ", opt.max_context);
+  QFLASH_CHECK(opt.max_context >= 0 && opt.max_context <= model_limit, "the context size must be in [0, ",
+               model_limit, "] (max_position_embeddings; 0: all of it), got ", opt.max_context);
   std::int64_t const context = opt.max_context > 0 ? opt.max_context : model_limit;
   QFLASH_CHECK(static_cast<std::int64_t>(prompt.size()) < context, "the prompt has ", prompt.size(),
                " tokens, which leaves no room to generate in a context of ", context, " tokens");
@@ -105,10 +106,12 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
   std::vector<float> logits;
   io::StreamDecoder decoder(tok);
-  // Ids the tokenizer has no token for (the padding of the vocabulary) are never sampled.
+  // Ids the tokenizer has no token for (the padding of the vocabulary) are never sampled;
+  // end-of-sequence ids are, even when the tokenizer lacks them.
   std::vector<std::int32_t> untokenizable;
   for (std::int32_t id = 0; id < model.config().vocab; ++id)
-    if (!tok.has(id)) untokenizable.push_back(id);
+    if (!tok.has(id) && std::find(opt.eos_ids.begin(), opt.eos_ids.end(), id) == opt.eos_ids.end())
+      untokenizable.push_back(id);
   auto mask = [&] {
     for (std::int32_t id : untokenizable) logits[static_cast<std::size_t>(id)] = -INFINITY;
   };

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "qflash/kernels/attention/cpu.hpp"
+#include "qflash/kernels/common/cpu_math.hpp"
 #include "qflash/kernels/attention/ref.hpp"
 #include "qflash/kernels/expert_ffn/cpu.hpp"
 #include "qflash/kernels/expert_ffn/ref.hpp"
@@ -35,6 +36,13 @@ namespace {
 // accumulated rounding is a few 1e-7 relative to the sum of |terms|, so 2e-5 absolute.
 constexpr Tolerance kDot{2e-5, 1e-5};
 
+#if QFLASH_HAS_X86_SIMD
+QFLASH_TARGET_AVX2 void simd_eval(float const* x, float* exp_out, float* silu_out) {
+  _mm256_storeu_ps(exp_out, simd::avx2_exp(_mm256_loadu_ps(x)));
+  _mm256_storeu_ps(silu_out, simd::avx2_silu(_mm256_loadu_ps(x)));
+}
+#endif
+
 std::vector<arch::CpuIsa> isas_here() {
   std::vector<arch::CpuIsa> out{arch::CpuIsa::kScalar};
   for (auto isa : {arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512})
@@ -48,7 +56,8 @@ TEST_CASE("linear: every ISA path and weight format equals the reference") {
   // Shapes: odd sizes for the element formats, whole 32/256-blocks for the GGUF ones, a
   // short last int4 group, fp8 tiles cut by the matrix edge.
   std::vector<std::array<int, 3>> const shapes{{1, 1, 1},    {1, 31, 7},   {3, 71, 33},  {5, 129, 64},
-                                               {9, 256, 17}, {2, 512, 5},  {4, 96, 130}, {1, 768, 3}};
+                                               {9, 256, 17}, {2, 512, 5},  {4, 96, 130}, {1, 768, 3},
+                                               {40, 2048, 9}};  // two token blocks (kTokenBlockBytes)
   for (auto isa : isas_here())
     for (WeightFormat f : kAllWeightFormats)
       for (auto [n_tok, n_in, n_out] : shapes) {
@@ -79,6 +88,54 @@ TEST_CASE("linear: every ISA path and weight format equals the reference") {
         r = all_close<float, float>(y, ref, kDot);
         CHECK_MESSAGE(r.ok, r.report);
       }
+}
+
+TEST_CASE("linear: 8-bit activations cost at most half a step per value against fp32 ones") {
+  // q8_0 / q4_k / q6_k round each activation to d * q with |x - d q| <= d / 2 (q8_0's fp16 d
+  // adds up to 127 * 2^-11 d); so |y - y_fp32| <= sum_i |w_i| * bound_i, plus fp32 rounding.
+  int const n_tok = 3, n_in = 512, n_out = 6;
+  auto x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 5);
+  auto wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 6);
+  for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4K, WeightFormat::kQ6K})
+    for (auto isa : isas_here()) {
+      CAPTURE(to_string(f));
+      CAPTURE(to_string(isa));
+      auto w = encode_matrix(f, wf.data(), n_out, n_in);
+      std::vector<float> y(static_cast<std::size_t>(n_tok * n_out));
+      LinearArgs a{};
+      a.w = w.view;
+      a.x = x.data();
+      a.y = y.data();
+      a.n_tokens = n_tok;
+      REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+      int const block = f == WeightFormat::kQ8_0 ? 32 : 256;
+      double const step_share = f == WeightFormat::kQ8_0 ? 0.5 + 127.0 / 2048 : 0.5;
+      std::vector<float> row(static_cast<std::size_t>(n_in));
+      bool changed = false;
+      for (int o = 0; o < n_out; ++o) {
+        dequantize_row(w.view, o, row.data());
+        for (int t = 0; t < n_tok; ++t) {
+          double exact = 0, bound = 0, scale = 0;
+          for (int b = 0; b < n_in; b += block) {
+            double amax = 0, wsum = 0;
+            for (int i = b; i < b + block; ++i) {
+              amax = std::max(amax, std::fabs(double{x[static_cast<std::size_t>(t * n_in + i)]}));
+              wsum += std::fabs(double{row[static_cast<std::size_t>(i)]});
+            }
+            bound += wsum * step_share * amax / 127;
+            for (int i = b; i < b + block; ++i) {
+              double const p = double{x[static_cast<std::size_t>(t * n_in + i)]} * row[static_cast<std::size_t>(i)];
+              exact += p;
+              scale += std::fabs(p);
+            }
+          }
+          double const got = y[static_cast<std::size_t>(t * n_out + o)];
+          CHECK(std::fabs(got - exact) <= bound + 1e-6 * scale);
+          changed = changed || got != static_cast<float>(exact);
+        }
+      }
+      CHECK(changed);  // the activations were rounded at all
+    }
 }
 
 TEST_CASE("linear: the reference's decoded rows are the format's dequantization") {
@@ -178,6 +235,14 @@ TEST_CASE("attention: causal GQA equals the reference, incremental equals full")
     a.scale = 0.25f;
     a.out = ref_out.data();
     ref::attention(a);
+    for (auto isa : isas_here()) {
+      CAPTURE(to_string(isa));
+      std::vector<float> got(q.size());
+      a.out = got.data();
+      REQUIRE(cpu::attention<kDynamic>(isa, a) == Status::kSuccess);
+      auto r = all_close<float, float>(got, ref_out, kDot);
+      CHECK_MESSAGE(r.ok, r.report);
+    }
     a.out = out.data();
     REQUIRE(launch_attention<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
     auto r = all_close<float, float>(out, ref_out, kDot);
@@ -283,4 +348,95 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every we
       routes[0] = n_expert;
       CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
     }
+}
+
+TEST_CASE("expert_ffn: a shared expert of another width and mixed formats, in one call") {
+  // q4_k_m-like: gate/up q4_k, down q6_k; the shared expert wider and in bf16; many tokens.
+  int const n_expert = 6, k = 3, d_model = 256, d_ff = 256, d_ff_shared = 512;
+  for (int n_tok : {1, 2, 37}) {
+    CAPTURE(n_tok);
+    std::vector<OwnedMatrix> store;
+    store.reserve(3 * n_expert + 3);
+    auto make = [&](WeightFormat f, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+      auto w = test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
+      return store.emplace_back(encode_matrix(f, w.data(), rows, cols)).view;
+    };
+    std::vector<ExpertWeights> experts;
+    for (int e = 0; e < n_expert; ++e)
+      experts.push_back({make(WeightFormat::kQ4K, d_ff, d_model, 10 + 3 * e), make(WeightFormat::kQ4K, d_ff, d_model, 11 + 3 * e),
+                         make(WeightFormat::kQ6K, d_model, d_ff, 12 + 3 * e)});
+    ExpertWeights const shared{make(WeightFormat::kBf16, d_ff_shared, d_model, 90), make(WeightFormat::kBf16, d_ff_shared, d_model, 91),
+                               make(WeightFormat::kBf16, d_model, d_ff_shared, 92)};
+    auto x = test::random_floats(static_cast<std::size_t>(n_tok * d_model), 7);
+    std::vector<std::int32_t> routes;
+    std::vector<float> rw, sw;
+    for (int t = 0; t < n_tok; ++t) {
+      for (int j = 0; j < k; ++j) {
+        routes.push_back((t * 5 + j * 2) % n_expert);
+        rw.push_back(0.2f + 0.1f * static_cast<float>(j));
+      }
+      sw.push_back(0.5f + 0.01f * static_cast<float>(t));
+    }
+    std::vector<float> out(static_cast<std::size_t>(n_tok * d_model), 0.25f), ref_out(out);
+    ExpertFfnArgs a{};
+    a.experts = experts;
+    a.x = x.data();
+    a.routes = routes.data();
+    a.route_weights = rw.data();
+    a.n_tokens = n_tok;
+    a.n_expert_used = k;
+    a.shared = &shared;
+    a.shared_weights = sw.data();
+    a.out = ref_out.data();
+    ref::expert_ffn(a);
+    for (auto isa : isas_here()) {
+      CAPTURE(to_string(isa));
+      std::vector<float> got(out);
+      a.out = got.data();
+      REQUIRE(cpu::expert_ffn<WeightFormat::kAny>(isa, a) == Status::kSuccess);
+      // The SwiGLU output is quantized to q8_k for the q6_k down rows: an fp32 difference
+      // from the fp64 reference can move one code by one step (|d| ~ 1e-3 * |w| ~ 5e-4).
+      auto r = all_close<float, float>(got, ref_out, Tolerance{2e-3, 1e-4});
+      CHECK_MESSAGE(r.ok, r.report);
+    }
+    a.shared_weights = nullptr;
+    CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+  }
+}
+
+TEST_CASE("vector exp and SiLU: within 2 ulp of std::exp, limits and NaN") {
+#if QFLASH_HAS_X86_SIMD
+  if (arch::detect_cpu_isa() < arch::CpuIsa::kAvx2) return;
+  std::vector<float> xs;
+  for (float v = -87.0f; v <= 88.0f; v += 0.0137f) xs.push_back(v);
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1.0f, -1.0f}) xs.push_back(v);
+  while (xs.size() % 8) xs.push_back(0.5f);
+  double worst = 0;
+  for (std::size_t i = 0; i < xs.size(); i += 8) {
+    float got[8], silu_got[8];
+    simd_eval(xs.data() + i, got, silu_got);
+    for (int l = 0; l < 8; ++l) {
+      double const want = std::exp(double{xs[i + static_cast<std::size_t>(l)]});
+      worst = std::max(worst, std::fabs(got[l] - want) / want);
+      double const s = xs[i + static_cast<std::size_t>(l)] / (1.0 + std::exp(-double{xs[i + static_cast<std::size_t>(l)]}));
+      CHECK(std::fabs(silu_got[l] - s) <= 1e-6 * std::fabs(s) + 1e-37);
+    }
+  }
+  MESSAGE("vector exp: worst relative error ", worst);
+  CHECK(worst <= 2.4e-7);  // 2 ulp
+  float const edge[8] = {-200.0f, -88.0f, 89.0f, 1000.0f, INFINITY, -INFINITY, NAN, 0.0f};
+  float e[8], sl[8];
+  simd_eval(edge, e, sl);
+  CHECK(e[0] == 0.0f);
+  CHECK(e[1] == 0.0f);
+  CHECK(std::isinf(e[2]));
+  CHECK(std::isinf(e[3]));
+  CHECK(std::isinf(e[4]));
+  CHECK(e[5] == 0.0f);
+  CHECK(std::isnan(e[6]));
+  CHECK(e[7] == 1.0f);
+  CHECK(sl[3] == 1000.0f);  // silu(x) -> x
+  CHECK(sl[0] == 0.0f);     // silu(-200) -> -0
+  CHECK(std::isnan(sl[6]));
+#endif
 }

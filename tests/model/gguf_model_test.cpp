@@ -11,6 +11,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "qflash/io/npy.hpp"
@@ -121,24 +122,27 @@ TEST_CASE("BF16 GGUF files: bf16 weights used in place, close to llama.cpp on th
 TEST_CASE("quantized GGUF files agree with llama.cpp's logits on them") {
   std::string const name = "qwen3_5_moe_256";
   auto const ids = prompt(name, 2);
-  for (auto const& [type, format] : std::vector<std::pair<std::string, WeightFormat>>{
-           {"Q8_0", WeightFormat::kQ8_0}, {"Q4_K", WeightFormat::kQ4K}, {"Q6_K", WeightFormat::kQ6K}}) {
+  // Like llama.cpp, qflash rounds activations to 8-bit blocks for these weights (q8_0 blocks
+  // for Q8_0, q8_K for Q4_K / Q6_K), so its logits follow llama.cpp's quantized run, not the
+  // run on the same weights dequantized to F32 (on this tiny random model the rounding alone
+  // moves logits by up to 2.5). Measured: Q4_K and Q6_K mean KL ~1e-13 (the same codes, fp32
+  // summation order only); Q8_0 3e-5 (llama.cpp's fp32 order moves a few activation codes).
+  for (auto const& [type, format, max_kl] : std::vector<std::tuple<std::string, WeightFormat, double>>{
+           {"Q8_0", WeightFormat::kQ8_0, 1e-4}, {"Q4_K", WeightFormat::kQ4K, 1e-9}, {"Q6_K", WeightFormat::kQ6K, 1e-9}}) {
     CAPTURE(type);
     auto m = runtime::load_model_as<spec::generic>(kGguf + name + "-" + type + ".gguf", quiet());
     CHECK(m->weights().layers[0].moe.experts[0].gate.format == format);
     auto const got = logits_of(*m, ids);
     std::size_t const vocab = static_cast<std::size_t>(m->config().vocab);
-    // The same weights dequantized to F32 in llama.cpp: fp32 compute on both sides.
-    auto const dequantized = io::read_npy_f32(kGguf + name + "-" + type + ".dequantized_f32.logits.npy");
-    double const d = max_abs_diff(got, dequantized.data);
-    // llama.cpp's own quantized run rounds activations to 8-bit blocks in its matmuls.
     auto const native = io::read_npy_f32(kGguf + name + "-" + type + ".logits.npy");
+    auto const dequantized = io::read_npy_f32(kGguf + name + "-" + type + ".dequantized_f32.logits.npy");
     auto const a = agreement(got, native.data, vocab);
-    MESSAGE(type, ": max |dlogit| vs llama.cpp on dequantized weights ", d, "; vs llama.cpp quantized: mean KL ",
-            a.mean_kl, ", top-1 ", a.top1);
-    CHECK(d <= 1e-4);  // measured 4e-6..5e-6: summation order only
-    CHECK(a.top1 >= 0.85);
-    CHECK(a.mean_kl <= 0.05);
+    MESSAGE(type, ": vs llama.cpp quantized: max |dlogit| ", max_abs_diff(got, native.data), ", mean KL ", a.mean_kl,
+            ", top-1 ", a.top1, "; vs llama.cpp on the weights dequantized to F32: max |dlogit| ",
+            max_abs_diff(got, dequantized.data));
+    CHECK(a.top1 >= 0.95);
+    CHECK(a.mean_kl <= max_kl);
+    if (format != WeightFormat::kQ8_0) CHECK(max_abs_diff(got, native.data) <= 1e-4);  // measured 3.8e-6
   }
 }
 

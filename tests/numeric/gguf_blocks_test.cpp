@@ -449,3 +449,41 @@ TEST_CASE("q6_k: quantize -> dequantize stays within half a sub-block step") {
     }
   }
 }
+
+TEST_CASE("activation blocks: llama.cpp's q8_0 (x86) and q8_K quantizers") {
+  CHECK(qflash::detail::round_half_even(0.5f) == 0);
+  CHECK(qflash::detail::round_half_even(1.5f) == 2);
+  CHECK(qflash::detail::round_half_even(-2.5f) == -2);
+  CHECK(qflash::detail::round_half_even(-2.6f) == -3);
+  std::mt19937_64 rng(0x08c8);
+  for (float range : {1e-3f, 1.0f, 300.0f}) {
+    CAPTURE(range);
+    auto const x = test::random_floats(256, rng(), -range, range);
+    SUBCASE("q8_0: codes round(x * 127 / amax) half to even, d = fp16(amax / 127)") {
+      for (int k = 0; k < 8; ++k) {
+        float const* xb = x.data() + 32 * k;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        BlockQ8_0 const b = quantize_q8_0_activations(xb);
+        CHECK(b.d.bits == to_fp16(amax / 127.0f).bits);
+        for (int i = 0; i < 32; ++i) CHECK(b.qs[i] == static_cast<std::int8_t>(std::nearbyint(xb[i] * (127.0f / amax))));
+      }
+    }
+    SUBCASE("q8_K: the largest magnitude maps to -127, |x - d q| <= |d| / 2, bsums are sums of 16") {
+      BlockQ8K const b = quantize_q8_k(x.data());
+      auto const top = std::max_element(x.begin(), x.end(), [](float a, float c) { return std::fabs(a) < std::fabs(c); });
+      CHECK(b.qs[top - x.begin()] == -127);
+      CHECK((b.d < 0) == (*top > 0));
+      for (int i = 0; i < 256; ++i) CHECK(std::fabs(b.d * b.qs[i] - x[static_cast<std::size_t>(i)]) <= std::fabs(b.d) * (0.5 + 1e-5));
+      for (int g = 0; g < 16; ++g) {
+        int sum = 0;
+        for (int l = 0; l < 16; ++l) sum += b.qs[16 * g + l];
+        CHECK(b.bsums[g] == sum);
+      }
+    }
+  }
+  float const zeros[256] = {};
+  BlockQ8K const z = quantize_q8_k(zeros);
+  CHECK(z.d == 0.0f);
+  CHECK(z.bsums[0] == 0);
+}

@@ -17,6 +17,8 @@
 ///   (half h = 0..1, quarter k = 0..3, l = 0..31) keeps the low 4 bits of its code in
 ///   ql[64h + 32(k % 2) + l] (low nibble for k < 2, high for k >= 2) and the high 2 bits in
 ///   qh[32h + l] at bits 2k, 2k + 1.
+/// Q8_K, 256 values, 292 bytes: fp32 d, int8 qs[256], int16 bsums[16] (sums of 16 codes);
+///   ggml's activation block for dot products with Q4_K and Q6_K weights.
 /// All multi-byte fields are little-endian, as GGUF files are on the hosts we run on.
 /// Dequantization uses ggml's order of operations; like ggml's, the last bit of Q4_K can change
 /// where the compiler contracts `a * q - m` into an FMA (nvcc does by default, g++ with -mfma).
@@ -64,6 +66,14 @@ struct BlockQ6K {
 };
 static_assert(sizeof(BlockQ6K) == 210 && alignof(BlockQ6K) == 2, "GGUF Q6_K block is 210 bytes");
 
+/// ggml block_q8_K.
+struct BlockQ8K {
+  float d;
+  std::int8_t qs[kQ4KBlockSize];
+  std::int16_t bsums[kQ4KBlockSize / 16];  ///< bsums[g] = sum of qs[16g, 16g + 16)
+};
+static_assert(sizeof(BlockQ8K) == 292, "GGUF Q8_K block is 292 bytes");
+
 // --- Q8_0 -----------------------------------------------------------------------------------
 
 /// @param y  [32] dequantized values
@@ -91,6 +101,23 @@ QFLASH_HD constexpr BlockQ8_0 quantize_q8_0(float const* x) {
   return b;
 }
 
+/// llama.cpp's quantizer of q8_0 activations on x86 (its AVX2 quantize_row_q8_0): like
+/// quantize_q8_0 but with the inverse scale 127 / amax and codes rounded half to even.
+/// @param x  [32] finite values
+QFLASH_HD constexpr BlockQ8_0 quantize_q8_0_activations(float const* x) {
+  float amax = 0.0f;
+  for (int i = 0; i < kQ8_0BlockSize; ++i) {
+    float const a = x[i] < 0.0f ? -x[i] : x[i];
+    amax = a > amax ? a : amax;
+  }
+  BlockQ8_0 b{};
+  b.d = to_fp16(amax / 127.0f);
+  float const id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  for (int i = 0; i < kQ8_0BlockSize; ++i)
+    b.qs[i] = static_cast<std::int8_t>(qflash::detail::round_half_even(x[i] * id));
+  return b;
+}
+
 /// Dequantizes `n` values (a multiple of 32) from n / 32 consecutive blocks.
 /// @param blocks  [n / 32]
 /// @param y       [n]
@@ -105,6 +132,43 @@ QFLASH_HD constexpr void dequantize_row_q8_0(BlockQ8_0 const* blocks, std::size_
 QFLASH_HD constexpr void quantize_row_q8_0(float const* x, std::size_t n, BlockQ8_0* blocks) {
   for (std::size_t i = 0; i < n / kQ8_0BlockSize; ++i)
     blocks[i] = quantize_q8_0(x + i * kQ8_0BlockSize);
+}
+
+// --- Q8_K -----------------------------------------------------------------------------------
+
+/// ggml's quantize_row_q8_K_ref: the value of largest magnitude maps to -127, the scale
+/// keeps its sign (d = max / -127), codes round half to even and clamp at 127.
+/// @param x  [256] finite values
+QFLASH_HD constexpr BlockQ8K quantize_q8_k(float const* x) {
+  float amax = 0.0f;
+  float max = 0.0f;
+  for (int i = 0; i < kQ4KBlockSize; ++i) {
+    float const a = x[i] < 0.0f ? -x[i] : x[i];
+    if (a > amax) {
+      amax = a;
+      max = x[i];
+    }
+  }
+  BlockQ8K b{};
+  if (amax == 0.0f) return b;
+  float const iscale = -127.0f / max;
+  for (int i = 0; i < kQ4KBlockSize; ++i) {
+    int const q = qflash::detail::round_half_even(iscale * x[i]);
+    b.qs[i] = static_cast<std::int8_t>(q < 127 ? q : 127);
+  }
+  for (int g = 0; g < kQ4KBlockSize / 16; ++g) {
+    int sum = 0;
+    for (int l = 0; l < 16; ++l) sum += b.qs[16 * g + l];
+    b.bsums[g] = static_cast<std::int16_t>(sum);
+  }
+  b.d = 1.0f / iscale;
+  return b;
+}
+
+/// Quantizes `n` values (a multiple of 256) into n / 256 blocks.
+QFLASH_HD constexpr void quantize_row_q8_k(float const* x, std::size_t n, BlockQ8K* blocks) {
+  for (std::size_t i = 0; i < n / kQ4KBlockSize; ++i)
+    blocks[i] = quantize_q8_k(x + i * kQ4KBlockSize);
 }
 
 // --- Q4_K -----------------------------------------------------------------------------------

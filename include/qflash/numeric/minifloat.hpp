@@ -107,6 +107,13 @@ QFLASH_HD constexpr int round_half_away(float v) {
   return i;
 }
 
+/// Round half to even, for |v| < 2^22 (ggml's nearest_int): adding 1.5 * 2^23 leaves the
+/// rounded integer in the low mantissa bits.
+QFLASH_HD constexpr int round_half_even(float v) {
+  float const shifted = v + 12582912.0f;
+  return static_cast<int>(bits_of(shifted) & 0x007fffffu) - 0x00400000;
+}
+
 /// Smallest integer >= v, for 0 <= v < 2^31.
 QFLASH_HD constexpr int ceil_nonnegative(float v) {
   int const i = static_cast<int>(v);

@@ -1,80 +1,202 @@
 /// @file
-/// CPU kernels/expert_ffn: a counting sort of (token, slot) pairs by expert, then per expert
-/// with tokens: gather rows, gate and up projections, SwiGLU, down projection, and a
-/// weighted scatter-add. Projections run on the threaded kernels/linear.
+/// CPU kernels/expert_ffn in two parallel regions per call, whatever the number of experts:
+///  1. gate and up: work items are (expert, block of d_ff rows); each computes both
+///     projections of the block for all the expert's tokens and applies SwiGLU to it.
+///  2. down and the weighted combine: work items are blocks of d_model output rows; each
+///     runs every active expert's down rows of the block and adds them, weighted, into its
+///     tokens' outputs (items own their output rows, so no two threads add into one value).
+/// Every expert's weights are read once per call; activations read by quantized formats are
+/// quantized once per call (tokens once, SwiGLU outputs once). The shared expert, when given,
+/// is one more expert that every token uses. Scratch persists across calls (thread_local in
+/// the calling thread), so a decode step allocates nothing once warm.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "qflash/arch/cpu_features.hpp"
+#include "qflash/core/parallel.hpp"
+#include "qflash/kernels/common/cpu_math.hpp"
 #include "qflash/kernels/expert_ffn/op.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
 
 namespace qflash::kernels::cpu {
 
+#if QFLASH_HAS_X86_SIMD
+QFLASH_SIMD_BEGIN
+QFLASH_TARGET_AVX2 inline void swiglu_avx2(float* gate, float const* up, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(simd::avx2_silu(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+  for (; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+}
+QFLASH_SIMD_END
+#endif
+
+/// gate[i] = silu(gate[i]) * up[i].
+inline void swiglu(arch::CpuIsa isa, float* gate, float const* up, std::int64_t n) {
+#if QFLASH_HAS_X86_SIMD
+  if (isa >= arch::CpuIsa::kAvx2) return swiglu_avx2(gate, up, n);
+#endif
+  (void)isa;
+  for (std::int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+}
+
+/// What one call keeps between its steps; reused across calls.
+struct ExpertScratch {
+  struct Active {
+    ExpertWeights const* w;
+    std::int64_t begin;  ///< its first row in the pair order (tokens, weights, act rows)
+    std::int64_t n;      ///< its tokens
+  };
+  std::vector<Active> active;
+  std::vector<std::int64_t> count;
+  std::vector<std::int32_t> tokens;  ///< [pairs] token of each pair, grouped by expert
+  std::vector<float> weights;        ///< [pairs] its route weight
+  std::vector<float> gate, up;       ///< [pairs, d_ff_max]; gate ends as the SwiGLU output
+  std::vector<std::byte> xq[kActBlockKinds], act_q[kActBlockKinds];
+};
+
 /// The op for the weight formats F compiles (kAny: all); arguments already checked.
 template <WeightFormat F>
 Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
+  thread_local ExpertScratch scratch;
+  ExpertScratch& s = scratch;  // workers must reach the caller's scratch, not their own
   std::int64_t const d_model = a.experts[0].gate.cols;
-  std::int64_t const d_ff = a.experts[0].gate.rows;
   std::int64_t const n_expert = static_cast<std::int64_t>(a.experts.size());
   std::int64_t const n_pairs = a.n_tokens * a.n_expert_used;
+  std::int64_t const total = n_pairs + (a.shared ? a.n_tokens : 0);
 
-  // Permutation: pairs of each expert contiguous, in token order.
-  std::vector<std::int64_t> offset(static_cast<std::size_t>(n_expert + 1), 0);
+  // Pairs grouped by expert in token order (a counting sort), the shared expert's last.
+  s.count.assign(static_cast<std::size_t>(n_expert + 1), 0);
   for (std::int64_t p = 0; p < n_pairs; ++p) {
     std::int32_t const e = a.routes[p];
     if (e < 0 || e >= n_expert) return Status::kErrorInvalidProblem;
-    ++offset[static_cast<std::size_t>(e) + 1];
+    ++s.count[static_cast<std::size_t>(e) + 1];
   }
-  for (std::int64_t e = 0; e < n_expert; ++e) offset[static_cast<std::size_t>(e + 1)] += offset[static_cast<std::size_t>(e)];
-  std::vector<std::int64_t> pairs(static_cast<std::size_t>(n_pairs));
-  {
-    std::vector<std::int64_t> fill(offset.begin(), offset.end() - 1);
-    for (std::int64_t p = 0; p < n_pairs; ++p) pairs[static_cast<std::size_t>(fill[static_cast<std::size_t>(a.routes[p])]++)] = p;
+  s.active.clear();
+  for (std::int64_t e = 0; e < n_expert; ++e) {
+    std::int64_t const n = s.count[static_cast<std::size_t>(e + 1)];
+    if (n > 0) s.active.push_back({&a.experts[static_cast<std::size_t>(e)], s.count[static_cast<std::size_t>(e)], n});
+    s.count[static_cast<std::size_t>(e + 1)] += s.count[static_cast<std::size_t>(e)];
+  }
+  s.tokens.resize(static_cast<std::size_t>(total));
+  s.weights.resize(static_cast<std::size_t>(total));
+  for (std::int64_t p = 0; p < n_pairs; ++p) {
+    std::int64_t const slot = s.count[static_cast<std::size_t>(a.routes[p])]++;
+    s.tokens[static_cast<std::size_t>(slot)] = static_cast<std::int32_t>(p / a.n_expert_used);
+    s.weights[static_cast<std::size_t>(slot)] = a.route_weights[p];
+  }
+  if (a.shared) {
+    s.active.push_back({a.shared, n_pairs, a.n_tokens});
+    for (std::int64_t t = 0; t < a.n_tokens; ++t) {
+      s.tokens[static_cast<std::size_t>(n_pairs + t)] = static_cast<std::int32_t>(t);
+      s.weights[static_cast<std::size_t>(n_pairs + t)] = a.shared_weights[t];
+    }
   }
 
-  std::vector<float> xe, gate, up, down;
-  for (std::int64_t e = 0; e < n_expert; ++e) {
-    std::int64_t const begin = offset[static_cast<std::size_t>(e)];
-    std::int64_t const n = offset[static_cast<std::size_t>(e + 1)] - begin;
-    if (n == 0) continue;
-    auto const& w = a.experts[static_cast<std::size_t>(e)];
-    xe.resize(static_cast<std::size_t>(n * d_model));
-    gate.resize(static_cast<std::size_t>(n * d_ff));
-    up.resize(static_cast<std::size_t>(n * d_ff));
-    down.resize(static_cast<std::size_t>(n * d_model));
-    for (std::int64_t r = 0; r < n; ++r) {
-      std::int64_t const t = pairs[static_cast<std::size_t>(begin + r)] / a.n_expert_used;
-      std::copy_n(a.x + t * d_model, d_model, xe.data() + r * d_model);
-    }
-    LinearArgs l{};
-    l.x = xe.data();
-    l.n_tokens = n;
-    l.w = w.gate;
-    l.y = gate.data();
-    if (Status s = linear<F>(isa, l); s != Status::kSuccess) return s;
-    l.w = w.up;
-    l.y = up.data();
-    if (Status s = linear<F>(isa, l); s != Status::kSuccess) return s;
-    for (std::int64_t i = 0; i < n * d_ff; ++i) {
-      float const g = gate[static_cast<std::size_t>(i)];
-      gate[static_cast<std::size_t>(i)] = g / (1.0f + std::exp(-g)) * up[static_cast<std::size_t>(i)];
-    }
-    l.x = gate.data();
-    l.w = w.down;
-    l.y = down.data();
-    if (Status s = linear<F>(isa, l); s != Status::kSuccess) return s;
-    for (std::int64_t r = 0; r < n; ++r) {
-      std::int64_t const p = pairs[static_cast<std::size_t>(begin + r)];
-      std::int64_t const t = p / a.n_expert_used;
-      float const rw = a.route_weights[p];
-      float* o = a.out + t * d_model;
-      float const* src = down.data() + r * d_model;
-      for (std::int64_t i = 0; i < d_model; ++i) o[i] += rw * src[i];
-    }
+  // The shared expert's d_ff may differ: scratch rows are d_ff_max wide.
+  std::int64_t d_ff_max = 0;
+  bool needs_xq[kActBlockKinds] = {};
+  for (auto const& e : s.active) {
+    d_ff_max = std::max(d_ff_max, e.w->gate.rows);
+    needs_xq[static_cast<int>(act_blocks(e.w->gate.format))] = true;
+    needs_xq[static_cast<int>(act_blocks(e.w->up.format))] = true;
   }
+  s.gate.resize(static_cast<std::size_t>(total * d_ff_max));
+  s.up.resize(s.gate.size());
+
+  // Tokens quantized once per kind of activation block any projection reads.
+  std::byte const* xq[kActBlockKinds] = {};
+  for (int k = 1; k < kActBlockKinds; ++k) {
+    if (!needs_xq[k]) continue;
+    std::int64_t const stride = act_row_bytes(static_cast<ActBlocks>(k), d_model);
+    s.xq[k].resize(static_cast<std::size_t>(a.n_tokens * stride));
+    quantize_rows(static_cast<ActBlocks>(k), a.x, d_model, a.n_tokens, d_model, s.xq[k].data(), stride);
+    xq[k] = s.xq[k].data();
+  }
+  auto bind_x = [&](LinearRows& p, WeightView const& w) {
+    ActBlocks const k = act_blocks(w.format);
+    p.w = w;
+    p.xq = xq[static_cast<int>(k)];
+    p.xq_stride = act_row_bytes(k, d_model);
+  };
+
+  // 1. gate, up, SwiGLU: items (expert, row block).
+  int const threads = max_threads();
+  std::int64_t const block = row_block(d_ff_max, threads);
+  std::int64_t const blocks_per_expert = (d_ff_max + block - 1) / block;
+  std::int64_t const n_items = static_cast<std::int64_t>(s.active.size()) * blocks_per_expert;
+  std::int64_t const item_work = 2 * block * d_model * std::max<std::int64_t>(1, total / std::max<std::int64_t>(1, static_cast<std::int64_t>(s.active.size())));
+  parallel_for(0, n_items, item_work, [&](std::int64_t item) {
+    auto const& e = s.active[static_cast<std::size_t>(item / blocks_per_expert)];
+    std::int64_t const rows = e.w->gate.rows;
+    std::int64_t const o0 = item % blocks_per_expert * block;
+    if (o0 >= rows) return;
+    std::int64_t const o1 = std::min(rows, o0 + block);
+    LinearRows p{};
+    p.x = a.x;
+    p.xs = d_model;
+    p.ys = d_ff_max;
+    p.n_tokens = e.n;
+    p.x_index = s.tokens.data() + e.begin;
+    bind_x(p, e.w->gate);
+    p.y = s.gate.data() + e.begin * d_ff_max;
+    linear_rows<F>(isa, p, o0, o1);
+    bind_x(p, e.w->up);
+    p.y = s.up.data() + e.begin * d_ff_max;
+    linear_rows<F>(isa, p, o0, o1);
+    for (std::int64_t r = 0; r < e.n; ++r) {
+      std::int64_t const row = (e.begin + r) * d_ff_max;
+      swiglu(isa, s.gate.data() + row + o0, s.up.data() + row + o0, o1 - o0);
+    }
+  });
+
+  // SwiGLU outputs quantized once for the down projections that read blocks.
+  bool needs_act_q[kActBlockKinds] = {};
+  for (auto const& e : s.active) needs_act_q[static_cast<int>(act_blocks(e.w->down.format))] = true;
+  std::byte* act_q[kActBlockKinds] = {};
+  std::int64_t act_q_stride[kActBlockKinds] = {};
+  for (int k = 1; k < kActBlockKinds; ++k) {
+    if (!needs_act_q[k]) continue;
+    act_q_stride[k] = act_row_bytes(static_cast<ActBlocks>(k), d_ff_max);
+    s.act_q[k].resize(static_cast<std::size_t>(total * act_q_stride[k]));
+    act_q[k] = s.act_q[k].data();
+  }
+  if (needs_act_q[1] || needs_act_q[2]) {
+    parallel_for(0, static_cast<std::int64_t>(s.active.size()), d_ff_max * 4 * std::max<std::int64_t>(1, total / static_cast<std::int64_t>(s.active.size())), [&](std::int64_t i) {
+      auto const& e = s.active[static_cast<std::size_t>(i)];
+      int const k = static_cast<int>(act_blocks(e.w->down.format));
+      if (k == 0) return;
+      for (std::int64_t r = e.begin; r < e.begin + e.n; ++r)
+        quantize_activations(static_cast<ActBlocks>(k), s.gate.data() + r * d_ff_max, e.w->down.cols,
+                             act_q[k] + r * act_q_stride[k]);
+    });
+  }
+
+  // 2. down + weighted combine: items are output row blocks, each over every active expert.
+  std::int64_t const out_block = row_block(d_model, threads);
+  std::int64_t const out_items = (d_model + out_block - 1) / out_block;
+  parallel_for(0, out_items, out_block * d_ff_max * std::max<std::int64_t>(1, total), [&](std::int64_t item) {
+    std::int64_t const o0 = item * out_block;
+    std::int64_t const o1 = std::min(d_model, o0 + out_block);
+    for (auto const& e : s.active) {
+      int const k = static_cast<int>(act_blocks(e.w->down.format));
+      LinearRows p{};
+      p.w = e.w->down;
+      p.x = s.gate.data() + e.begin * d_ff_max;
+      p.xs = d_ff_max;
+      p.xq = act_q[k] ? act_q[k] + e.begin * act_q_stride[k] : nullptr;
+      p.xq_stride = act_q_stride[k];
+      p.y = a.out;
+      p.ys = d_model;
+      p.n_tokens = e.n;
+      p.y_index = s.tokens.data() + e.begin;
+      p.y_scale = s.weights.data() + e.begin;
+      linear_rows<F>(isa, p, o0, o1);
+    }
+  });
   return Status::kSuccess;
 }
 

@@ -1,8 +1,9 @@
 /// @file
 /// Routed SwiGLU experts with weighted combine:
 ///   out[t] += sum_j w[t, j] * Down_e( silu(Gate_e x[t]) * (Up_e x[t]) ),  e = experts[t, j]
-/// Tokens are grouped by expert so each expert's weights are read once per call.
-/// A shared expert is the same op with one expert and per-token weights (its gate).
+/// plus, when `shared` is given, out[t] += shared_weights[t] * Shared(x[t]) (the gated shared
+/// expert, whose d_ff may differ). Tokens are grouped by expert so each expert's weights are
+/// read once per call.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,8 @@ struct ExpertFfnArgs {
   float* out = nullptr;                     // [n_tokens, d_model], accumulated into
   std::int64_t n_tokens = 0;
   int n_expert_used = 0;
+  ExpertWeights const* shared = nullptr;  // optional expert every token uses
+  float const* shared_weights = nullptr;  // [n_tokens] its weight per token
 };
 
 template <MoeSpec S>
@@ -44,6 +47,12 @@ template <MoeSpec S>
         e.up.cols != d_model || e.down.rows != d_model || e.down.cols != d_ff)
       return Status::kErrorInvalidProblem;
   if (S.d_model != kDynamic && d_model != S.d_model) return Status::kErrorInvalidProblem;
+  if (a.shared) {
+    auto const& e = *a.shared;
+    if (!a.shared_weights || e.gate.cols != d_model || e.up.cols != d_model || e.up.rows != e.gate.rows ||
+        e.down.rows != d_model || e.down.cols != e.gate.rows)
+      return Status::kErrorInvalidProblem;
+  }
   return Status::kSuccess;
 }
 

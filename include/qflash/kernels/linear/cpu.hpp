@@ -1,8 +1,13 @@
 /// @file
-/// CPU kernels/linear: output rows split over threads; for each weight row, up to four token
-/// rows share every weight load. f32 and bf16 rows are read in place; rows of the other
-/// formats are decoded once per call into a thread-local fp32 row, which then serves every
-/// token. AVX-512 and AVX2 paths chosen at run time; scalar otherwise.
+/// CPU kernels/linear. Threads take blocks of output rows; within a block, tokens go in
+/// blocks whose activations stay in L2, so each weight row comes from memory once per call
+/// whatever the token count (prefill reads the weights once, not once per few tokens).
+/// - f32, bf16, f16: read in place; AVX2 micro-tiles of 4 rows x 3 tokens (12 accumulators),
+///   every weight load shared by the tile's tokens and every activation load by its rows.
+/// - q8_0, q4_k, q6_k: activations quantized once per call to q8_0 / q8_k blocks (as
+///   llama.cpp does), then integer dot products per block (cpu_quant.hpp).
+/// - fp8_e4m3, int4: each row decoded to fp32 once per call, then shared by every token.
+/// AVX-512 machines run the AVX2 paths; without AVX2, scalar code.
 #pragma once
 
 #include <algorithm>
@@ -14,122 +19,210 @@
 #include "qflash/arch/cpu_features.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/kernels/common/cpu_simd.hpp"
+#include "qflash/kernels/linear/cpu_quant.hpp"
 #include "qflash/kernels/linear/op.hpp"
 
 namespace qflash::kernels::cpu {
 
-/// How many tokens share one pass over a weight row.
-inline constexpr int kTokenTile = 4;
+/// Micro-tile of the float formats: rows x tokens sharing each load.
+inline constexpr int kTileRows = 4;
+inline constexpr int kTileTokens = 3;
+/// Activations of one token block are kept within this many bytes (an L2's share).
+inline constexpr std::int64_t kTokenBlockBytes = 256 << 10;
 
+/// One projection as the row kernels see it: token t of n_tokens reads activation row
+/// x_index[t] (t when null) and writes output row y_index[t] (t when null), adding
+/// y_scale[t] times its dot products when y_scale is set (the experts' weighted combine).
 struct LinearRows {
   WeightView w;
-  float const* x;
-  std::int64_t xs;
-  float* y;
-  std::int64_t ys;
-  std::int64_t n_tokens;
-  bool accumulate;
+  float const* x = nullptr;
+  std::int64_t xs = 0;
+  float* y = nullptr;
+  std::int64_t ys = 0;
+  std::int64_t n_tokens = 0;
+  bool accumulate = false;
+  std::byte const* xq = nullptr;  ///< quantized activations, xq_stride bytes per row
+  std::int64_t xq_stride = 0;
+  std::int32_t const* x_index = nullptr;
+  std::int32_t const* y_index = nullptr;
+  float const* y_scale = nullptr;
+
+  [[nodiscard]] std::int64_t x_of(std::int64_t t) const { return x_index ? x_index[t] : t; }
+  [[nodiscard]] float const* x_row(std::int64_t t) const { return x + x_of(t) * xs; }
+  [[nodiscard]] std::byte const* xq_row(std::int64_t t) const { return xq + x_of(t) * xq_stride; }
 };
 
 inline void store_dot(LinearRows const& p, std::int64_t t, std::int64_t o, float v) {
-  float& out = p.y[t * p.ys + o];
-  out = p.accumulate ? out + v : v;
+  float& out = p.y[(p.y_index ? p.y_index[t] : t) * p.ys + o];
+  if (p.y_scale)
+    out += p.y_scale[t] * v;
+  else
+    out = p.accumulate ? out + v : v;
 }
 
-inline void linear_rows_scalar(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  auto const* w = static_cast<float const*>(p.w.data);
-  for (std::int64_t o = o0; o < o1; ++o)
-    for (std::int64_t t = 0; t < p.n_tokens; ++t) {
-      float acc = 0;
-      for (std::int64_t i = 0; i < p.w.cols; ++i) acc += p.x[t * p.xs + i] * w[o * p.w.cols + i];
-      store_dot(p, t, o, acc);
-    }
-}
-
-#if QFLASH_HAS_X86_SIMD
-/// Sum of the 16 lanes: halves added, then the AVX2 reduction.
-QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE float avx512_reduce_add(__m512 v) {
-  __m256 const lo = _mm512_castps512_ps256(v);
-  __m256 const hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  return simd::avx2_reduce_add(_mm256_add_ps(lo, hi));
-}
-
-template <class W>
-QFLASH_TARGET_AVX512 void linear_rows_avx512(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  std::int64_t const n = p.w.cols;
-  auto const* w = static_cast<W const*>(p.w.data);
-  for (std::int64_t o = o0; o < o1; ++o) {
-    W const* row = w + o * n;
-    for (std::int64_t t0 = 0; t0 < p.n_tokens; t0 += kTokenTile) {
-      int const nt = static_cast<int>(std::min<std::int64_t>(kTokenTile, p.n_tokens - t0));
-      __m512 acc[kTokenTile] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                                _mm512_setzero_ps()};
-      for (std::int64_t i = 0; i < n; i += 16) {
-        __mmask16 const m = simd::avx512_tail_mask(static_cast<int>(std::min<std::int64_t>(16, n - i)));
-        __m512 const wv = simd::avx512_load(row + i, m);
-        for (int t = 0; t < nt; ++t)
-          acc[t] = _mm512_fmadd_ps(wv, simd::avx512_load(p.x + (t0 + t) * p.xs + i, m), acc[t]);
-      }
-      for (int t = 0; t < nt; ++t) store_dot(p, t0 + t, o, avx512_reduce_add(acc[t]));
-    }
-  }
+/// Tokens per block so that a block's activation rows of `row_bytes` fit kTokenBlockBytes.
+inline std::int64_t token_block(std::int64_t row_bytes, std::int64_t n_tokens) {
+  std::int64_t const fit = std::max<std::int64_t>(kTileTokens, kTokenBlockBytes / std::max<std::int64_t>(1, row_bytes));
+  return std::min(n_tokens, fit / kTileTokens * kTileTokens);
 }
 
 QFLASH_SIMD_INLINE float widen(float v) { return v; }
 QFLASH_SIMD_INLINE float widen(bf16_bits v) { return bf16_to_float(v); }
+QFLASH_SIMD_INLINE float widen(Fp16 v) { return to_float(v); }
 
-template <class W>
-QFLASH_TARGET_AVX2 void linear_rows_avx2(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+/// Dot product of n fp32 values in 8 interleaved partial sums (the lanes of the SIMD paths).
+inline float dot_scalar(float const* x, float const* w, std::int64_t n) {
+  float part[8] = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) part[l] += x[i + l] * w[i + l];
+  for (; i < n; ++i) part[i % 8] += x[i] * w[i];
+  return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+}
+
+#if QFLASH_HAS_X86_SIMD
+QFLASH_SIMD_BEGIN
+
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(float const* p) { return _mm256_loadu_ps(p); }
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(bf16_bits const* p) { return simd::avx2_load(p); }
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(Fp16 const* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<__m128i const*>(p)));
+}
+
+/// y[t0 + t, o + r] for r < R, t < NT: one pass over the columns, each weight vector
+/// multiplied into NT tokens and each activation vector into R rows.
+template <class W, int R, int NT>
+QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, std::int64_t o, std::int64_t t0) {
   std::int64_t const n = p.w.cols;
   std::int64_t const n8 = n / 8 * 8;
-  auto const* w = static_cast<W const*>(p.w.data);
-  for (std::int64_t o = o0; o < o1; ++o) {
-    W const* row = w + o * n;
-    for (std::int64_t t0 = 0; t0 < p.n_tokens; t0 += kTokenTile) {
-      int const nt = static_cast<int>(std::min<std::int64_t>(kTokenTile, p.n_tokens - t0));
-      __m256 acc[kTokenTile] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                                _mm256_setzero_ps()};
-      for (std::int64_t i = 0; i < n8; i += 8) {
-        __m256 const wv = simd::avx2_load(row + i);
-        for (int t = 0; t < nt; ++t)
-          acc[t] = _mm256_fmadd_ps(wv, simd::avx2_load(p.x + (t0 + t) * p.xs + i), acc[t]);
-      }
-      for (int t = 0; t < nt; ++t) {
-        float s = simd::avx2_reduce_add(acc[t]);
-        for (std::int64_t i = n8; i < n; ++i) s += p.x[(t0 + t) * p.xs + i] * widen(row[i]);
-        store_dot(p, t0 + t, o, s);
+  W const* w = static_cast<W const*>(p.w.data) + o * n;
+  float const* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = p.x_row(t0 + t);
+  __m256 acc[R][NT];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < n8; i += 8) {
+    __m256 xv[NT];
+#pragma GCC unroll 3
+    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x[t] + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      __m256 const wv = avx2_load_weights(w + r * n + i);
+#pragma GCC unroll 3
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) {
+      float s = simd::avx2_reduce_add(acc[r][t]);
+      for (std::int64_t i = n8; i < n; ++i) s += x[t][i] * widen(w[r * n + i]);
+      store_dot(p, t0 + t, o + r, s);
+    }
+}
+
+template <class W, int R>
+QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, std::int64_t o, std::int64_t t0, int nt) {
+  switch (nt) {
+    case 1: return float_tile_avx2<W, R, 1>(p, o, t0);
+    case 2: return float_tile_avx2<W, R, 2>(p, o, t0);
+    default: return float_tile_avx2<W, R, kTileTokens>(p, o, t0);
+  }
+}
+
+template <class W>
+QFLASH_TARGET_AVX2 void float_rows_avx2(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+  std::int64_t const tb = token_block(p.w.cols * 4, p.n_tokens);
+  for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
+    std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
+    for (std::int64_t o = o0; o < o1; o += kTileRows) {
+      int const nr = static_cast<int>(std::min<std::int64_t>(kTileRows, o1 - o));
+      for (std::int64_t t = b0; t < b1; t += kTileTokens) {
+        int const nt = static_cast<int>(std::min<std::int64_t>(kTileTokens, b1 - t));
+        switch (nr) {
+          case 1: float_tile_avx2<W, 1>(p, o, t, nt); break;
+          case 2: float_tile_avx2<W, 2>(p, o, t, nt); break;
+          case 3: float_tile_avx2<W, 3>(p, o, t, nt); break;
+          default: float_tile_avx2<W, kTileRows>(p, o, t, nt); break;
+        }
       }
     }
   }
 }
-#endif
 
-inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1);
+QFLASH_SIMD_END
+#endif  // QFLASH_HAS_X86_SIMD
 
-/// Rows [o0, o1) of an f32 (W = float) or bf16 (W = bf16_bits) projection.
-template <class W>
-void linear_rows_direct(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-#if QFLASH_HAS_X86_SIMD
-  if (isa >= arch::CpuIsa::kAvx512) return linear_rows_avx512<W>(p, o0, o1);
-  if (isa >= arch::CpuIsa::kAvx2) return linear_rows_avx2<W>(p, o0, o1);
-#endif
-  if constexpr (std::is_same_v<W, float>) {
-    linear_rows_scalar(p, o0, o1);
-  } else {
-    linear_rows_decoded(isa, p, o0, o1);
-  }
-}
-
-/// Rows [o0, o1) of a projection whose rows are decoded to fp32 first (any format).
+/// Rows [o0, o1) of a projection whose rows are decoded to fp32 first (any format), each
+/// decoded row serving every token.
 inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   thread_local std::vector<float> decoded;
   decoded.resize(static_cast<std::size_t>(p.w.cols));
   for (std::int64_t o = o0; o < o1; ++o) {
-    dequantize_row(p.w, o, decoded.data());
-    LinearRows one = p;
-    one.w = WeightView{WeightFormat::kF32, decoded.data(), 1, p.w.cols};
-    one.y = p.y + o;
-    linear_rows_direct<float>(isa, one, 0, 1);
+    float const* row = decoded.data();
+    if (p.w.format == WeightFormat::kF32)
+      row = reinterpret_cast<float const*>(p.w.row(o));
+    else
+      dequantize_row(p.w, o, decoded.data());
+#if QFLASH_HAS_X86_SIMD
+    if (isa >= arch::CpuIsa::kAvx2) {
+      LinearRows one = p;
+      one.w = WeightView{WeightFormat::kF32, row, 1, p.w.cols};
+      one.y = p.y + o;
+      float_rows_avx2<float>(one, 0, 1);
+      continue;
+    }
+#endif
+    for (std::int64_t t = 0; t < p.n_tokens; ++t) store_dot(p, t, o, dot_scalar(p.x_row(t), row, p.w.cols));
+  }
+}
+
+#if QFLASH_HAS_X86_SIMD
+QFLASH_SIMD_BEGIN
+/// Rows [o0, o1) of a q8_0 / q4_k / q6_k projection (WB its block, XB the activations'),
+/// kQuantRows rows per pass.
+template <class WB, class XB>
+QFLASH_TARGET_AVX2 void quant_rows_avx2(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+  constexpr int kQuantRows = 4;
+  std::int64_t const nb = p.w.cols / block_values(p.w.format);
+  std::int64_t const stride = p.w.row_bytes();
+  std::int64_t const tb = std::max<std::int64_t>(1, token_block(p.xq_stride, p.n_tokens));
+  for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
+    std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
+    std::int64_t o = o0;
+    for (; o < o1; o += kQuantRows) {
+      int const nr = static_cast<int>(std::min<std::int64_t>(kQuantRows, o1 - o));
+      auto const* rows = reinterpret_cast<WB const*>(p.w.row(o));
+      for (std::int64_t t = b0; t < b1; ++t) {
+        auto const* x = reinterpret_cast<XB const*>(p.xq_row(t));
+        float out[kQuantRows];
+        switch (nr) {
+          case 1: dot_avx2<1>(rows, stride, x, nb, out); break;
+          case 2: dot_avx2<2>(rows, stride, x, nb, out); break;
+          case 3: dot_avx2<3>(rows, stride, x, nb, out); break;
+          default: dot_avx2<kQuantRows>(rows, stride, x, nb, out); break;
+        }
+        for (int r = 0; r < nr; ++r) store_dot(p, t, o + r, out[r]);
+      }
+    }
+  }
+}
+QFLASH_SIMD_END
+#endif  // QFLASH_HAS_X86_SIMD
+
+/// Rows [o0, o1) of a q8_0 / q4_k / q6_k projection (WB its block, XB the activations').
+template <class WB, class XB>
+void quant_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+#if QFLASH_HAS_X86_SIMD
+  if (isa >= arch::CpuIsa::kAvx2) return quant_rows_avx2<WB, XB>(p, o0, o1);
+#endif
+  (void)isa;
+  std::int64_t const nb = p.w.cols / block_values(p.w.format);
+  for (std::int64_t o = o0; o < o1; ++o) {
+    auto const* row = reinterpret_cast<WB const*>(p.w.row(o));
+    for (std::int64_t t = 0; t < p.n_tokens; ++t)
+      store_dot(p, t, o, dot_scalar(row, reinterpret_cast<XB const*>(p.xq_row(t)), nb));
   }
 }
 
@@ -142,11 +235,38 @@ constexpr bool compiles(WeightFormat f) {
 /// Runs rows [o0, o1) of the projection with the given ISA level, for the formats F compiles.
 template <WeightFormat F>
 void linear_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  if constexpr (compiles<F>(WeightFormat::kF32))
-    if (p.w.format == WeightFormat::kF32) return linear_rows_direct<float>(isa, p, o0, o1);
-  if constexpr (compiles<F>(WeightFormat::kBf16))
-    if (p.w.format == WeightFormat::kBf16) return linear_rows_direct<bf16_bits>(isa, p, o0, o1);
+  WeightFormat const f = p.w.format;
+  if constexpr (compiles<F>(WeightFormat::kQ8_0))
+    if (f == WeightFormat::kQ8_0) return quant_rows<BlockQ8_0, BlockQ8_0>(isa, p, o0, o1);
+  if constexpr (compiles<F>(WeightFormat::kQ4K))
+    if (f == WeightFormat::kQ4K) return quant_rows<BlockQ4K, BlockQ8K>(isa, p, o0, o1);
+  if constexpr (compiles<F>(WeightFormat::kQ6K))
+    if (f == WeightFormat::kQ6K) return quant_rows<BlockQ6K, BlockQ8K>(isa, p, o0, o1);
+#if QFLASH_HAS_X86_SIMD
+  if (isa >= arch::CpuIsa::kAvx2) {
+    if constexpr (compiles<F>(WeightFormat::kF32))
+      if (f == WeightFormat::kF32) return float_rows_avx2<float>(p, o0, o1);
+    if constexpr (compiles<F>(WeightFormat::kBf16))
+      if (f == WeightFormat::kBf16) return float_rows_avx2<bf16_bits>(p, o0, o1);
+    if constexpr (compiles<F>(WeightFormat::kF16))
+      if (f == WeightFormat::kF16) return float_rows_avx2<Fp16>(p, o0, o1);
+  }
+#endif
   linear_rows_decoded(isa, p, o0, o1);
+}
+
+/// Quantizes n_rows activation rows of `cols` values (xs floats apart) to `k` into `out`,
+/// `stride` bytes per row, in parallel when there are many.
+inline void quantize_rows(ActBlocks k, float const* x, std::int64_t xs, std::int64_t n_rows, std::int64_t cols,
+                          std::byte* out, std::int64_t stride) {
+  parallel_for(0, n_rows, cols * 4, [&](std::int64_t t) { quantize_activations(k, x + t * xs, cols, out + t * stride); });
+}
+
+/// Output rows per work item: small enough to balance `threads`, large enough to amortise
+/// scheduling; a multiple of the micro-tile's rows.
+inline std::int64_t row_block(std::int64_t rows, int threads) {
+  std::int64_t const block = std::clamp<std::int64_t>(rows / (8 * threads), kTileRows, 64);
+  return (block + kTileRows - 1) / kTileRows * kTileRows;
 }
 
 /// The whole projection with an explicit ISA level (tests run every level this CPU has);
@@ -154,10 +274,18 @@ void linear_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::in
 template <WeightFormat F = WeightFormat::kAny>
 Status linear(arch::CpuIsa isa, LinearArgs const& a) {
   if (Status s = can_implement_linear<MoeSpec{.weights = F}>(a); s != Status::kSuccess) return s;
-  LinearRows const p{a.w, a.x, a.x_stride ? a.x_stride : a.w.cols, a.y,
-                     a.y_stride ? a.y_stride : a.w.rows, a.n_tokens, a.accumulate};
-  // Blocks of rows small enough to balance threads, large enough to amortise scheduling.
-  std::int64_t const block = std::max<std::int64_t>(8, a.w.rows / (8 * max_threads()));
+  LinearRows p{a.w, a.x, a.x_stride ? a.x_stride : a.w.cols, a.y,
+               a.y_stride ? a.y_stride : a.w.rows, a.n_tokens, a.accumulate};
+  if (uses_quantized_activations(a.w.format)) {
+    // Each token's activations quantized once, shared by every row (the calling thread's
+    // buffer: workers reach it through p.xq, never by name).
+    thread_local std::vector<std::byte> quantized;
+    p.xq_stride = act_row_bytes(a.w.format, a.w.cols);
+    quantized.resize(static_cast<std::size_t>(p.xq_stride * a.n_tokens));
+    p.xq = quantized.data();
+    quantize_rows(act_blocks(a.w.format), p.x, p.xs, a.n_tokens, a.w.cols, quantized.data(), p.xq_stride);
+  }
+  std::int64_t const block = row_block(a.w.rows, max_threads());
   std::int64_t const n_blocks = (a.w.rows + block - 1) / block;
   parallel_for(0, n_blocks, block * a.w.cols * std::max<std::int64_t>(1, a.n_tokens), [&](std::int64_t b) {
     linear_rows<F>(isa, p, b * block, std::min(a.w.rows, (b + 1) * block));

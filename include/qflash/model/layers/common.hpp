@@ -37,7 +37,7 @@ struct Batch {
 /// Per-call fp32 scratch, reused across calls and layers.
 struct Scratch {
   std::vector<float> proj, q, k, v, o, conv, z, beta, g, router, shared_gate;
-  std::vector<std::int32_t> routes, zero_routes;
+  std::vector<std::int32_t> routes;
   std::vector<float> route_weights;
 
   static float* sized(std::vector<float>& v, std::int64_t n) {

@@ -55,17 +55,11 @@ class MoeBlock {
     e.out = out;
     e.n_tokens = T;
     e.n_expert_used = k;
-    check_launch(kernels::launch_expert_ffn<S>(Arch{}, e, stream), "expert_ffn");
-
-    if (shared) {
-      // Every token through the shared expert, weighted by its sigmoid gate.
-      s.zero_routes.assign(static_cast<std::size_t>(T), 0);
-      e.experts = std::span<ExpertWeights const>(&*w_.shared, 1);
-      e.routes = s.zero_routes.data();
-      e.route_weights = shared_gate;
-      e.n_expert_used = 1;
-      check_launch(kernels::launch_expert_ffn<S>(Arch{}, e, stream), "shared expert");
+    if (shared) {  // every token through the shared expert too, weighted by its sigmoid gate
+      e.shared = &*w_.shared;
+      e.shared_weights = shared_gate;
     }
+    check_launch(kernels::launch_expert_ffn<S>(Arch{}, e, stream), "expert_ffn");
   }
 
  private:

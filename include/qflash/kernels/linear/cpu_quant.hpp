@@ -1,0 +1,266 @@
+/// @file
+/// Integer dot products of GGUF weight rows with activations quantized to 8-bit blocks, as
+/// llama.cpp computes them: q8_0 weights pair with q8_0 activations (blocks of 32), q4_k and
+/// q6_k with q8_k (blocks of 256 with sums of 16). Within a block the sum is exact int32;
+/// blocks combine in fp32, so the scalar and AVX2 paths differ only in the order of those
+/// fp32 adds. Against fp32 activations the result differs by the activations' rounding:
+/// |x - d q| <= d / 2 per value (+ d's own fp16 rounding for q8_0), see act_error_bound.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "qflash/kernels/common/cpu_simd.hpp"
+#include "qflash/numeric/gguf_blocks.hpp"
+#include "qflash/numeric/weight_format.hpp"
+
+namespace qflash::kernels::cpu {
+
+using gguf::BlockQ4K;
+using gguf::BlockQ6K;
+using gguf::BlockQ8_0;
+using gguf::BlockQ8K;
+
+/// The blocks activations are quantized to for a weight format's dot products.
+enum class ActBlocks : int { kNone = 0, kQ8_0 = 1, kQ8K = 2 };
+inline constexpr int kActBlockKinds = 3;
+
+constexpr ActBlocks act_blocks(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kQ8_0: return ActBlocks::kQ8_0;
+    case WeightFormat::kQ4K:
+    case WeightFormat::kQ6K: return ActBlocks::kQ8K;
+    default: return ActBlocks::kNone;
+  }
+}
+
+/// True for the formats whose rows are multiplied by quantized activations.
+constexpr bool uses_quantized_activations(WeightFormat f) { return act_blocks(f) != ActBlocks::kNone; }
+
+/// Bytes of one row of n activations quantized to `k` (0 for kNone).
+constexpr std::int64_t act_row_bytes(ActBlocks k, std::int64_t n) {
+  switch (k) {
+    case ActBlocks::kQ8_0: return n / gguf::kQ8_0BlockSize * std::int64_t{sizeof(BlockQ8_0)};
+    case ActBlocks::kQ8K: return n / gguf::kQ4KBlockSize * std::int64_t{sizeof(BlockQ8K)};
+    case ActBlocks::kNone: return 0;
+  }
+  return 0;
+}
+constexpr std::int64_t act_row_bytes(WeightFormat f, std::int64_t n) { return act_row_bytes(act_blocks(f), n); }
+
+/// Quantizes one row of n activations (a whole number of blocks) to `k`.
+inline void quantize_activations(ActBlocks k, float const* x, std::int64_t n, std::byte* out) {
+  if (k == ActBlocks::kQ8_0) {
+    auto* blocks = reinterpret_cast<BlockQ8_0*>(out);
+    for (std::int64_t b = 0; b < n / gguf::kQ8_0BlockSize; ++b)
+      blocks[b] = gguf::quantize_q8_0_activations(x + b * gguf::kQ8_0BlockSize);
+  }
+  else if (k == ActBlocks::kQ8K)
+    gguf::quantize_row_q8_k(x, static_cast<std::size_t>(n), reinterpret_cast<BlockQ8K*>(out));
+}
+
+/// The 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a q4_k block, from its 12 packed
+/// bytes in four 32-bit word operations (layout: gguf::q4_k_scale_min).
+inline void q4_k_unpack_scales(std::uint8_t const* packed, std::uint8_t* out) {
+  std::uint32_t w[3];
+  std::memcpy(w, packed, sizeof w);
+  std::uint32_t const low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+  std::uint32_t const v[4] = {w[0] & low6, (w[2] & low4) | ((w[0] >> 6) & low2) << 4, w[1] & low6,
+                              ((w[2] >> 4) & low4) | ((w[1] >> 6) & low2) << 4};
+  std::memcpy(out, v, sizeof v);
+}
+
+// ---- scalar -------------------------------------------------------------------------------
+
+inline float dot_scalar(BlockQ8_0 const* w, BlockQ8_0 const* x, std::int64_t nb) {
+  float sum = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    int s = 0;
+    for (int i = 0; i < gguf::kQ8_0BlockSize; ++i) s += w[b].qs[i] * x[b].qs[i];
+    sum += static_cast<float>(s) * (to_float(w[b].d) * to_float(x[b].d));
+  }
+  return sum;
+}
+
+inline float dot_scalar(BlockQ4K const* w, BlockQ8K const* x, std::int64_t nb) {
+  float sum = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::uint8_t sm[16];
+    q4_k_unpack_scales(w[b].scales, sm);
+    int dot = 0, mins = 0;
+    for (int j = 0; j < gguf::kQ4KSubBlocks; ++j) {
+      std::uint8_t const* q = w[b].qs + j / 2 * 32;
+      int const shift = 4 * (j % 2);
+      int s = 0;
+      for (int l = 0; l < 32; ++l) s += ((q[l] >> shift) & 0xF) * x[b].qs[32 * j + l];
+      dot += sm[j] * s;
+      mins += sm[8 + j] * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+    }
+    sum += x[b].d * to_float(w[b].d) * static_cast<float>(dot) -
+           x[b].d * to_float(w[b].dmin) * static_cast<float>(mins);
+  }
+  return sum;
+}
+
+inline float dot_scalar(BlockQ6K const* w, BlockQ8K const* x, std::int64_t nb) {
+  float sum = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    int dot = 0;
+    for (int g = 0; g < gguf::kQ6KSubBlocks; ++g) {
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += gguf::q6_k_code(w[b], 16 * g + l) * x[b].qs[16 * g + l];
+      dot += w[b].scales[g] * s;
+    }
+    sum += x[b].d * to_float(w[b].d) * static_cast<float>(dot);
+  }
+  return sum;
+}
+
+// ---- AVX2 ---------------------------------------------------------------------------------
+#if QFLASH_HAS_X86_SIMD
+QFLASH_SIMD_BEGIN
+
+/// fp16 -> fp32 with F16C (exact, as to_float).
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE float avx2_float(Fp16 h) { return _cvtsh_ss(h.bits); }
+
+/// 16 pairwise products u8 x s8 summed to int16 pairs (no saturation for |u| <= 63, or
+/// |u| <= 127 with |s| <= 127), then pairs of those to int32, each scaled by `scale16`.
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256i avx2_dot_u8s8(__m256i u, __m256i s, __m256i scale16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
+}
+
+/// Asks for the bytes of block `b` of the next R rows (R * stride further on): rows are a
+/// few cache lines long, too short for the hardware prefetcher to pick up each new group.
+template <int R, class Block>
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void prefetch_next_rows(Block const* block, std::int64_t stride) {
+  auto const* next = reinterpret_cast<char const*>(block) + R * stride;
+  for (std::size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+}
+
+/// The AVX2 dot products take R weight rows (`stride` bytes apart) against one activation
+/// row and write R sums: each row keeps its own fp32 accumulator vector (independent FMA
+/// chains) and shares the activation loads; the next R rows are prefetched meanwhile.
+template <int R>
+QFLASH_TARGET_AVX2 void dot_avx2(BlockQ8_0 const* w, std::int64_t stride, BlockQ8_0 const* x, std::int64_t nb,
+                                 float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256i const ones = _mm256_set1_epi16(1);
+  auto row = [&](int r) { return reinterpret_cast<BlockQ8_0 const*>(reinterpret_cast<std::byte const*>(w) + r * stride); };
+  for (std::int64_t b = 0; b < nb; ++b) {
+    __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs));
+    float const dx = avx2_float(x[b].d);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockQ8_0 const& wb = row(r)[b];
+      if (b % 2 == 0) prefetch_next_rows<R>(&wb, stride);
+      __m256i const wq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qs));
+      // u8 x s8 products need one unsigned side: |w| times x with w's sign.
+      __m256i const s = avx2_dot_u8s8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq), ones);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(avx2_float(wb.d) * dx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
+}
+
+template <int R>
+QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8K const* x, std::int64_t nb,
+                                 float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256i const nibble = _mm256_set1_epi8(0x0f);
+  auto row = [&](int r) { return reinterpret_cast<BlockQ4K const*>(reinterpret_cast<std::byte const*>(w) + r * stride); };
+  for (std::int64_t b = 0; b < nb; ++b) {
+    __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].bsums));
+    std::uint8_t sm[R][16];
+    __m256i dot[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      prefetch_next_rows<R>(&row(r)[b], stride);
+      q4_k_unpack_scales(row(r)[b].scales, sm[r]);
+      dot[r] = _mm256_setzero_si256();
+    }
+    for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles)
+      __m256i const x_lo = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs + 64 * p));
+      __m256i const x_hi = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs + 64 * p + 32));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(row(r)[b].qs + 32 * p));
+        __m256i const lo = _mm256_and_si256(q, nibble);
+        __m256i const hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+        dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(lo, x_lo, _mm256_set1_epi16(sm[r][2 * p])));
+        dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(hi, x_hi, _mm256_set1_epi16(sm[r][2 * p + 1])));
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockQ4K const& wb = row(r)[b];
+      // mins: sum_j m_j * (bsums[2j] + bsums[2j + 1]) as one int16 multiply-add over 16 lanes.
+      __m128i const m8 = _mm_loadl_epi64(reinterpret_cast<__m128i const*>(sm[r] + 8));
+      __m256i const m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));  // m0 m0 m1 m1 ...
+      __m256 const mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(x[b].d * avx2_float(wb.d)), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(mins, _mm256_set1_ps(x[b].d * avx2_float(wb.dmin)), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
+}
+
+template <int R>
+QFLASH_TARGET_AVX2 void dot_avx2(BlockQ6K const* w, std::int64_t stride, BlockQ8K const* x, std::int64_t nb,
+                                 float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256i const nibble = _mm256_set1_epi8(0x0f);
+  __m256i const two = _mm256_set1_epi8(0x03);
+  auto row = [&](int r) { return reinterpret_cast<BlockQ6K const*>(reinterpret_cast<std::byte const*>(w) + r * stride); };
+  for (std::int64_t b = 0; b < nb; ++b) {
+    __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].bsums));
+    __m256i dot[R];
+    for (int r = 0; r < R; ++r) {
+      prefetch_next_rows<R>(&row(r)[b], stride);
+      dot[r] = _mm256_setzero_si256();
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256i xq[4];
+      for (int k = 0; k < 4; ++k)
+        xq[k] = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs + 128 * h + 32 * k));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        BlockQ6K const& wb = row(r)[b];
+        __m256i const l0 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h));
+        __m256i const l1 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h + 32));
+        __m256i const qh = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qh + 32 * h));
+        // Quarter k of the half: values 128h + 32k + l, unsigned codes q + 32 in 0..63.
+        __m256i const codes[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
+            _mm256_or_si256(_mm256_and_si256(l1, nibble),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4))};
+        for (int k = 0; k < 4; ++k) {
+          int const g = 8 * h + 2 * k;  // the quarter's two sub-blocks of 16
+          __m256i const scale = _mm256_setr_m128i(_mm_set1_epi16(wb.scales[g]), _mm_set1_epi16(wb.scales[g + 1]));
+          dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(codes[k], xq[k], scale));
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockQ6K const& wb = row(r)[b];
+      // The codes are q + 32: subtract 32 * scale_g * bsums[g].
+      __m256i const sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<__m128i const*>(wb.scales)));
+      __m256i const total = _mm256_sub_epi32(dot[r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(x[b].d * avx2_float(wb.d)), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
+}
+
+QFLASH_SIMD_END
+#endif  // QFLASH_HAS_X86_SIMD
+
+}  // namespace qflash::kernels::cpu

@@ -1,5 +1,5 @@
 // add + RMSNorm on the CPU: achieved GB/s and its fraction of this machine's read bandwidth,
-// which this program measures first (STREAM-like multi-threaded sum over 1 GiB).
+// which this program measures first (runtime/bandwidth.hpp).
 //
 //   build/cpu-release/bench/kernels/add_rmsnorm_bench [--benchmark_filter=bf16]
 //
@@ -23,6 +23,7 @@
 #include "qflash/arch/cpu_features.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/kernels/add_rmsnorm/cpu.hpp"
+#include "qflash/runtime/bandwidth.hpp"
 #include "qflash/spec/presets.hpp"
 
 using namespace qflash;
@@ -49,90 +50,6 @@ Memory allocate(std::size_t bytes) {
 std::size_t l3_bytes() {
   long const l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
   return l3 > 0 ? static_cast<std::size_t>(l3) : std::size_t{32} << 20;
-}
-
-// ---- measured read bandwidth ------------------------------------------------------------------
-
-std::uint64_t sum_words_scalar(std::uint32_t const* p, std::size_t n) {
-  std::uint32_t acc[8] = {};
-  for (std::size_t i = 0; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += p[i + static_cast<std::size_t>(j)];
-  std::uint64_t s = 0;
-  for (auto a : acc) s += a;
-  return s;
-}
-
-#if QFLASH_HAS_X86_SIMD
-QFLASH_SIMD_BEGIN
-/// Integer adds, 4 x 32 bytes per step: far above DRAM speed on one core, so memory bound.
-QFLASH_TARGET_AVX2 std::uint64_t sum_words_avx2(std::uint32_t const* p, std::size_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  for (std::size_t i = 0; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_epi32(a0, _mm256_load_si256(reinterpret_cast<__m256i const*>(p + i)));
-    a1 = _mm256_add_epi32(a1, _mm256_load_si256(reinterpret_cast<__m256i const*>(p + i + 8)));
-    a2 = _mm256_add_epi32(a2, _mm256_load_si256(reinterpret_cast<__m256i const*>(p + i + 16)));
-    a3 = _mm256_add_epi32(a3, _mm256_load_si256(reinterpret_cast<__m256i const*>(p + i + 24)));
-  }
-  __m256i const s = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));
-  alignas(32) std::uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
-  std::uint64_t total = 0;
-  for (auto v : lanes) total += v;
-  return total;
-}
-
-/// The same with 64-byte loads: on some machines one core needs them to reach DRAM speed.
-QFLASH_TARGET_AVX512 std::uint64_t sum_words_avx512(std::uint32_t const* p, std::size_t n) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  for (std::size_t i = 0; i + 64 <= n; i += 64) {
-    a0 = _mm512_add_epi32(a0, _mm512_load_si512(p + i));
-    a1 = _mm512_add_epi32(a1, _mm512_load_si512(p + i + 16));
-    a2 = _mm512_add_epi32(a2, _mm512_load_si512(p + i + 32));
-    a3 = _mm512_add_epi32(a3, _mm512_load_si512(p + i + 48));
-  }
-  __m512i const s = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
-  alignas(64) std::uint32_t lanes[16];
-  _mm512_store_si512(lanes, s);
-  std::uint64_t total = 0;
-  for (auto v : lanes) total += v;
-  return total;
-}
-QFLASH_SIMD_END
-#endif
-
-/// Best of 5 passes of every thread summing its static share of a 1 GiB buffer, in GB/s
-/// (1e9 bytes). Threads first-touch their own share, as the kernels' static split does.
-double measure_read_bandwidth_gbps() {
-  std::size_t const bytes = std::size_t{1} << 30;
-  std::size_t const n = bytes / sizeof(std::uint32_t);
-  Memory mem = allocate(bytes);
-  auto* words = static_cast<std::uint32_t*>(mem.get());
-  std::int64_t const threads = max_threads();
-  std::size_t const share = n / static_cast<std::size_t>(threads) / 64 * 64;
-  parallel_for(0, threads, [&](std::int64_t t) {
-    std::uint32_t* p = words + static_cast<std::size_t>(t) * share;
-    for (std::size_t i = 0; i < share; ++i) p[i] = static_cast<std::uint32_t>(i);
-  });
-  CpuIsa const isa = arch::detect_cpu_isa();
-  std::vector<std::uint64_t> sums(static_cast<std::size_t>(threads));
-  double best = 1e30;
-  for (int pass = 0; pass < 5; ++pass) {
-    auto const t0 = Clock::now();
-    parallel_for(0, threads, [&](std::int64_t t) {
-      std::uint32_t const* p = words + static_cast<std::size_t>(t) * share;
-#if QFLASH_HAS_X86_SIMD
-      sums[static_cast<std::size_t>(t)] = isa >= CpuIsa::kAvx512 ? sum_words_avx512(p, share)
-                                          : isa >= CpuIsa::kAvx2 ? sum_words_avx2(p, share)
-                                                                 : sum_words_scalar(p, share);
-#else
-      (void)isa;
-      sums[static_cast<std::size_t>(t)] = sum_words_scalar(p, share);
-#endif
-    });
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-    benchmark::DoNotOptimize(sums.data());
-  }
-  return static_cast<double>(share * static_cast<std::size_t>(threads) * sizeof(std::uint32_t)) / best / 1e9;
 }
 
 double g_read_gbps = 0.0;
@@ -272,8 +189,8 @@ void register_benchmarks() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  g_read_gbps = measure_read_bandwidth_gbps();
-  std::printf("measured read bandwidth: %.1f GB/s (%d threads, 1 GiB STREAM-like sum; L3 %zu MiB)\n",
+  g_read_gbps = runtime::measure_read_bandwidth().gbs;
+  std::printf("measured read bandwidth: %.1f GB/s (%d threads; L3 %zu MiB)\n",
               g_read_gbps, max_threads(), l3_bytes() >> 20);
   std::printf("cpu isa: %s\n", std::string(arch::to_string(arch::detect_cpu_isa())).c_str());
   benchmark::AddCustomContext("read_bandwidth_GBps", std::to_string(g_read_gbps));

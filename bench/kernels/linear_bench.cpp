@@ -3,13 +3,15 @@
 //
 //   build/cpu-release/bench/kernels/linear_bench [--benchmark_filter=q4_k]
 //
-// Counters: GB/s = weight bytes read per call / time; MAC/s = tokens * rows * cols / time.
+// Counters: GB/s = weight bytes read per call / time, roofline = that / the read bandwidth
+// measured first (runtime/bandwidth.hpp); GMAC/s = tokens * rows * cols / time.
 // Each benchmark rotates over copies of its matrix totalling >= 512 MiB, so decode calls meet
 // cold memory as the model's projections do (each is read once per token).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,12 +19,14 @@
 #include "qflash/arch/cpu_features.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
 #include "qflash/numeric/weight_encode.hpp"
+#include "qflash/runtime/bandwidth.hpp"
 
 using namespace qflash;
 
 namespace {
 
 constexpr std::size_t kRotationBytes = std::size_t{512} << 20;
+double g_read_gbps = 0.0;
 
 struct Workload {
   std::vector<OwnedMatrix> copies;
@@ -68,6 +72,8 @@ void run(benchmark::State& state, WeightFormat f, std::int64_t rows, std::int64_
   double const calls = static_cast<double>(state.iterations());
   state.counters["GB/s"] = benchmark::Counter(calls * static_cast<double>(wl.copies[0].view.bytes()) / 1e9,
                                               benchmark::Counter::kIsRate);
+  state.counters["roofline"] = benchmark::Counter(
+      calls * static_cast<double>(wl.copies[0].view.bytes()) / 1e9 / g_read_gbps, benchmark::Counter::kIsRate);
   state.counters["GMAC/s"] = benchmark::Counter(calls * static_cast<double>(rows * cols * n_tokens) / 1e9,
                                                 benchmark::Counter::kIsRate);
 }
@@ -97,6 +103,9 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_read_gbps = runtime::measure_read_bandwidth().gbs;
+  std::printf("measured read bandwidth: %.1f GB/s (%d threads)\n", g_read_gbps, max_threads());
+  benchmark::AddCustomContext("read_bandwidth_GBps", std::to_string(g_read_gbps));
   register_all();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

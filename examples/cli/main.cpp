@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "bench.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/gguf_config.hpp"
 #include "qflash/io/hf_config.hpp"
@@ -33,6 +34,9 @@
 
 #ifndef QFLASH_VERSION
 #define QFLASH_VERSION "unknown"
+#endif
+#ifndef QFLASH_SOURCE_DIR
+#define QFLASH_SOURCE_DIR "."
 #endif
 
 namespace {
@@ -428,6 +432,13 @@ int main(int argc, char** argv) {
   ppl->add_option("-c,--context,--ctx-size", context, "window length in tokens (0: min(512, max positions))")
       ->check(cli::integer_in(0));
 
+  cli::BenchOptions bench_opts;
+  bench_opts.model = QFLASH_DEFAULT_MODEL_DIR;
+  bench_opts.tools_dir = QFLASH_SOURCE_DIR "/tools";
+  auto* bench = app.add_subcommand("bench", "prefill and decode tok/s like llama-bench, with the decode roofline "
+                                            "(bytes per token, read bandwidth measured in the same run)");
+  cli::add_bench_options(bench, bench_opts);
+
   std::string const usage_hint = "Run 'qflash --help' (or 'qflash COMMAND --help') for the options.";
   try {
     std::span<char* const> const args(argv, static_cast<std::size_t>(argc));
@@ -480,6 +491,7 @@ int main(int argc, char** argv) {
     if (*inspect) return cmd_inspect(common, verbose, check_weights);
     if (*logits) return cmd_logits(common, ids, output, incremental);
     if (*ppl) return cmd_perplexity(common, text_path, context);
+    if (*bench) return cli::cmd_bench(bench_opts);
   } catch (UsageError const& e) {
     std::fprintf(stderr, "qflash: error: %s\n%s\n", printable(e.what()).c_str(), usage_hint.c_str());
     return cli::kExitUsageError;

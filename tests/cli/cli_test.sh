@@ -267,7 +267,7 @@ case $case in
     expect_err "error: -ngl: qflash does not split layers between CPU and GPU.*--device"
     run frobnicate --model "$tiny"
     expect_rc 2
-    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity\)"
+    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, bench\)"
     run --version
     expect_rc 0
     expect_out "^qflash [0-9]+\.[0-9]+\.[0-9]+"
@@ -298,6 +298,135 @@ case $case in
     run perplexity --model "$tiny" --text "$tmp/text.txt"
     expect_rc 0
     expect_err "^perplexity: [0-9]+ tokens in [0-9.]+ s, [0-9.]+ tok/s"
+    ;;
+  # --- qflash bench ----------------------------------------------------------------------
+  bench_json)  # the embedded default model: one JSON object per test with the issue's keys
+    run bench -p 8 -n 4 -r 1 -t 1 --json
+    expect_rc 0
+    python3 - "$tmp/out" <<'PY' || fail "bad JSON lines"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["test"] for r in rows] == ["pp8", "tg4"], rows
+for r in rows:
+    for k in ("model", "format", "threads", "prefill_tok_s", "decode_tok_s", "bytes_per_token",
+              "bandwidth_gbs", "roofline_fraction", "peak_rss_bytes"):
+        assert k in r, k
+    assert r["model"] == "qwen3_5_moe-micro" and r["format"] == "bf16" and r["threads"] == 1, r
+    assert r["bytes_per_token"] > 0 and r["bandwidth_gbs"] > 0 and r["peak_rss_bytes"] > 0, r
+    assert len(r["samples_tok_s"]) == 1 and r["stddev_tok_s"] == 0, r
+pp, tg = rows
+assert pp["prefill_tok_s"] > 0 and pp["decode_tok_s"] is None and pp["roofline_fraction"] is None, pp
+assert tg["decode_tok_s"] > 0 and tg["prefill_tok_s"] is None and tg["roofline_fraction"] > 0, tg
+assert (pp["n_prompt"], pp["n_gen"], tg["n_prompt"], tg["n_gen"]) == (8, 0, 0, 4)
+PY
+    expect_err "read bandwidth [0-9.]+ GB/s \(1 threads?"
+    run bench -p 8 -n 4,2 -r 2 -t 1  # the markdown table: a header and one row per test
+    expect_rc 0
+    expect_out "^\| model +\| format +\| +size \| threads \| +test \| +t/s \| bytes/token \| read GB/s \| roofline"
+    expect_out "^\| qwen3_5_moe-micro +\| bf16 +\| .* \| +1 \| +pp8 \| +[0-9.]+ ± [0-9.]+ \| .* \| +- \|"
+    expect_out "^\| qwen3_5_moe-micro +\| bf16 +\| .* \| +1 \| +tg2 \| +[0-9.]+ ± [0-9.]+ \| .* \| +[0-9.]+ \|"
+    [[ $(grep -c '^| qwen3_5_moe-micro' "$tmp/out") == 3 ]] || fail "expected 3 rows"
+    ;;
+  bench_synthetic)  # a preset's real shapes built in memory: 1 layer (full attention), q4_k
+    run bench --synthetic qwen3_6_35b_a3b --layers 1 --vocab 1024 --weights q4_k -p 8 -n 4 -r 1 -t 1 --json
+    expect_rc 0
+    # Weights per decoded token, q4_k rows of 2048 (4096, 512) values are 1152 (2304, 288)
+    # bytes: q 8192 + k 512 + v 512 rows, o 2048 rows of 4096; the router's 257 bf16 rows;
+    # 8 experts' and the shared expert's gate and up (512 rows) and down (2048 rows of 512);
+    # lm_head 1024 rows; one embedding row.
+    want=$(( 9216 * 1152 + 2048 * 2304 + 257 * 4096 + 9 * (1024 * 1152 + 2048 * 288) + 1024 * 1152 + 1152 ))
+    python3 - "$tmp/out" "$want" <<'PY' || fail "bad JSON lines"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["test"] for r in rows] == ["pp8", "tg4"], rows
+for r in rows:
+    assert r["model"] == "qwen3_6_35b_a3b synthetic 1L v1024" and r["format"] == "q4_k", r
+    assert (r["n_layer"], r["vocab"]) == (1, 1024), r
+    assert r["bytes_per_token"] == int(sys.argv[2]), (r["bytes_per_token"], sys.argv[2])
+assert rows[1]["decode_tok_s"] > 0 and rows[1]["roofline_fraction"] > 0
+PY
+    run bench --synthetic qwen3_30b_a3b --layers 1 --vocab 512 -p 4 -n 0 -r 1 -t 1
+    expect_rc 0
+    expect_out "^\| qwen3_30b_a3b synthetic 1L v512 +\| bf16 +\| .* \| +pp4 \|"
+    ;;
+  bench_bad_input)  # command-line mistakes: exit 2 with a message, before any weights
+    run bench --model "$tiny" --synthetic qwen3_6_35b_a3b
+    expect_rc 2
+    expect_err "error: --model and --synthetic exclude each other"
+    run bench --synthetic qwen3_8b
+    expect_rc 2
+    expect_err "error: --synthetic: unknown synthetic preset 'qwen3_8b' \(known: qwen3_6_35b_a3b, qwen3_30b_a3b\)"
+    run bench --model "$tiny" --layers 2
+    expect_rc 2
+    expect_err "error: --layers: only for --synthetic"
+    run bench --model "$tiny" --vocab 100
+    expect_rc 2
+    expect_err "error: --vocab: only for --synthetic"
+    run bench --synthetic qwen3_6_35b_a3b --layers 41
+    expect_rc 2
+    expect_err "error: --layers: 41 is more than the 40 layers of qwen3_6_35b_a3b"
+    run bench --model "$tiny" -t 0
+    expect_rc 2
+    expect_err "error: --threads: must be an integer >= 1, got '0'"
+    run bench --model "$tiny" -t 1,x
+    expect_rc 2
+    expect_err "error: --threads: must be an integer >= 1, got 'x'"
+    run bench --model "$tiny" -p 0 -n 0
+    expect_rc 2
+    expect_err "error: -p and -n are all 0"
+    run bench --model "$tiny" -p 1000
+    expect_rc 2
+    expect_err "error: -p 1000 is above the model's limit of 256 tokens"
+    run bench --model "$tiny" -r 0
+    expect_rc 2
+    expect_err "error: --repetitions: must be an integer >= 1"
+    run bench --model "$tiny" -p 4 --plot "$tmp/no/such/dir/p.png"
+    expect_rc 2
+    expect_err "error: --plot: directory '.*no/such/dir' does not exist"
+    run bench --model "$tmp/nothing"
+    expect_rc 1
+    expect_err "model '.*nothing' does not exist"
+    ;;
+  bench_plot)  # --plot draws a PNG with the tools venv, or says how to make the venv
+    venv_python=$(dirname "$0")/../../tools/.venv/bin/python
+    run bench --model "$tiny" -p 4 -n 2 -r 1 -t 1 --plot "$tmp/b.png"
+    if [[ -x $venv_python ]] && "$venv_python" -c "import matplotlib" 2>/dev/null; then
+      expect_rc 0
+      [[ $(head -c 4 "$tmp/b.png" | tail -c 3) == PNG ]] || fail "no PNG written"
+      expect_err "bench: wrote .*b.png"
+    else
+      expect_rc 1
+      expect_err "--plot needs matplotlib from the tools venv.*create the venv with: .*tools/setup_venv"
+    fi
+    ;;
+  bench_side_by_side)  # bench/side_by_side.py against a stand-in llama-bench that prints jsonl
+    script=$(dirname "$0")/../../bench/side_by_side.py
+    gguf=$fixtures/gguf/qwen3_5_moe_tiny-F32.gguf
+    cat >"$tmp/llama-bench" <<'PY'
+#!/usr/bin/env python3
+import json, sys
+a = sys.argv
+arg = lambda flag: a[a.index(flag) + 1]
+assert arg("-o") == "jsonl" and arg("-m").endswith(".gguf")
+for t in map(int, arg("-t").split(",")):
+    for kind, flag in (("pp", "-p"), ("tg", "-n")):
+        for n in map(int, arg(flag).split(",")):
+            print(json.dumps({"build_commit": "fake", "build_number": 1, "cpu_info": "cpu", "model_type": "qwen35moe",
+                              "n_threads": t, "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
+                              "n_depth": 0, "avg_ts": 100.0 * t, "stddev_ts": 1.0}))
+PY
+    chmod +x "$tmp/llama-bench"
+    "$script" --llama-bench "$tmp/llama-bench" --gguf "$gguf" --qflash "$qflash" -p 8 -n 4 -t 1 -r 1 --rounds 2 \
+      >"$tmp/out" 2>"$tmp/err"; echo $? >"$tmp/rc"
+    expect_rc 0
+    expect_out "^llama.cpp: qwen35moe, build 1 \(fake\)"
+    expect_out "^\| test \| threads \| llama.cpp t/s \| qflash t/s \| qflash / llama.cpp \|"
+    expect_out "^\| pp8 \| 1 \| 100.00 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| - \| - \|$"
+    expect_out "^\| tg4 \| 1 \| 100.00 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$"
+    [[ $(grep -c "round [12]/2, " "$tmp/err") == 4 ]] || fail "expected 2 interleaved rounds of each"
+    "$script" --llama-bench "$tmp/none" --gguf "$gguf" >"$tmp/out" 2>"$tmp/err"; echo $? >"$tmp/rc"
+    expect_rc 1
+    expect_err "side_by_side: no llama-bench at '.*none'.*neither downloads nor builds llama.cpp"
     ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac

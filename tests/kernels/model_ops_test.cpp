@@ -217,7 +217,7 @@ TEST_CASE("rope: fp32-angle kernel equals the fp64 reference, partial and full")
 
 TEST_CASE("attention: causal GQA equals the reference, incremental equals full") {
   int const n_head = 4, n_kv = 2, d = 16;
-  for (int n_ctx : {1, 5, 33}) {
+  for (int n_ctx : {1, 5, 33, 600}) {  // 600: three blocks of kKeyBlock keys
     CAPTURE(n_ctx);
     auto q = test::random_floats(static_cast<std::size_t>(n_ctx * n_head * d), 7, -2, 2);
     auto k = test::random_floats(static_cast<std::size_t>(n_ctx * n_kv * d), 8, -2, 2);

@@ -50,6 +50,18 @@ class SequenceState {
   AttentionCache& attention(std::size_t layer) { return layers_[layer].attention; }
   LinearState& linear(std::size_t layer) { return layers_[layer].linear; }
 
+  /// Room for `positions` tokens of K/V in every attention layer, so that decoding up to
+  /// there allocates nothing.
+  void reserve(std::int64_t positions, ModelConfig const& cfg) {
+    std::size_t const n = static_cast<std::size_t>(std::min(positions, max_positions_)) *
+                          static_cast<std::size_t>(cfg.n_head_kv) * static_cast<std::size_t>(cfg.d_head);
+    for (std::size_t l = 0; l < layers_.size(); ++l)
+      if (cfg.layer_types[l] == LayerKind::kFullAttention) {
+        layers_[l].attention.k.reserve(n);
+        layers_[l].attention.v.reserve(n);
+      }
+  }
+
   /// Back to an empty sequence, keeping allocations.
   void reset() {
     n_past_ = 0;

@@ -103,6 +103,7 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
   res.n_prompt = static_cast<std::int64_t>(prompt.size());
   Sampler sampler(opt.sampling);
   auto state = model.new_sequence();
+  state.reserve(std::min<std::int64_t>(context, res.n_prompt + opt.max_tokens), model.config());
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
   std::vector<float> logits;
   io::StreamDecoder decoder(tok);

@@ -154,7 +154,8 @@ inline Status causal_conv1d(arch::CpuIsa isa, CausalConv1dArgs const& a) {
   std::int64_t const n_items = n_cb * n_tb;
   std::int64_t const n_workers = std::min<std::int64_t>(max_threads(), n_items);
   parallel_for(0, n_workers, [&](std::int64_t w) {
-    std::vector<float> scratch(d::scratch_floats(a.d_conv));
+    thread_local std::vector<float> scratch;  // each worker's own, kept across calls
+    scratch.resize(d::scratch_floats(a.d_conv));
     for (std::int64_t it = n_items * w / n_workers; it < n_items * (w + 1) / n_workers; ++it) {
       std::int64_t const t0 = (it / n_cb) * d::kConvTokens;
       std::int64_t const c0 = (it % n_cb) * d::kConvChannels;

@@ -410,23 +410,28 @@ inline RowKernels row_kernels(arch::CpuIsa isa) {
 /// line: unaligned 64-byte loads and stores split across two lines and cost twice.
 constexpr std::int64_t pad16(std::int64_t n) { return (n + 15) / 16 * 16; }
 
-/// A float buffer whose data() is 64-byte aligned. Not zeroed: every scratch element is
-/// written before it is read. Debug builds fill it with NaN so a read of an unwritten element
-/// shows up in the outputs the tests compare.
+/// A reusable float buffer whose data(n) is 64-byte aligned and holds n floats; it grows when
+/// asked for more and never shrinks, so a warm decode step allocates nothing. Not zeroed:
+/// every scratch element is written before it is read. Debug builds fill it with NaN on each
+/// data(n) so a read of an unwritten element shows up in the outputs the tests compare.
 class AlignedFloats {
  public:
-  explicit AlignedFloats(std::size_t n) : buf_(new float[n + 16]) {
-#if !defined(NDEBUG)
-    std::fill_n(buf_.get(), n + 16, std::numeric_limits<float>::quiet_NaN());
-#endif
-  }
-  float* data() {
+  float* data(std::size_t n) {
+    if (n > capacity_) {
+      buf_.reset(new float[n + 16]);
+      capacity_ = n;
+    }
     auto const misalign = reinterpret_cast<std::uintptr_t>(buf_.get()) % 64;
-    return buf_.get() + (misalign ? (64 - misalign) / sizeof(float) : 0);
+    float* p = buf_.get() + (misalign ? (64 - misalign) / sizeof(float) : 0);
+#if !defined(NDEBUG)
+    std::fill_n(p, n, std::numeric_limits<float>::quiet_NaN());
+#endif
+    return p;
   }
 
  private:
   std::unique_ptr<float[]> buf_;
+  std::size_t capacity_ = 0;
 };
 
 /// Asks for [p, p + n) to be brought into cache: the q, k, v rows of successive tokens are
@@ -461,14 +466,15 @@ struct Layout {
 };
 
 /// Runs `fn(item, scratch)` for items [0, n_items) split into one contiguous range per worker;
-/// each worker owns one 64-byte-aligned scratch buffer of `scratch_floats` for the whole call.
+/// each worker uses its own 64-byte-aligned scratch buffer of `scratch_floats` (thread-local,
+/// kept across calls) for the whole call.
 template <class Fn>
 void for_each_item(std::int64_t n_items, std::size_t scratch_floats, Fn&& fn) {
   std::int64_t const n_workers = std::min<std::int64_t>(max_threads(), n_items);
   parallel_for(0, n_workers, [&](std::int64_t w) {
-    AlignedFloats scratch(scratch_floats);
-    for (std::int64_t i = n_items * w / n_workers; i < n_items * (w + 1) / n_workers; ++i)
-      fn(i, scratch.data());
+    thread_local AlignedFloats scratch;
+    float* const buf = scratch.data(scratch_floats);
+    for (std::int64_t i = n_items * w / n_workers; i < n_items * (w + 1) / n_workers; ++i) fn(i, buf);
   });
 }
 
@@ -715,8 +721,9 @@ inline void run_blocks(RowKernels const& rk, GatedDeltaArgs const& a, DeltaRuleF
   std::int64_t block = std::min(a.n_tokens, kNormBlockTokens);
   if (form == DeltaRuleForm::kChunked) block = std::min(a.n_tokens, (block + lc - 1) / lc * lc);
   std::int64_t const dkp = pad16(a.d_k);
-  AlignedFloats buf(static_cast<std::size_t>(2 * a.n_head_k * block * dkp));
-  NormBlock const nb{block, dkp, buf.data(), buf.data() + a.n_head_k * block * dkp};
+  thread_local AlignedFloats buf;  // the calling thread's; workers reach it through nb
+  float* const norms = buf.data(static_cast<std::size_t>(2 * a.n_head_k * block * dkp));
+  NormBlock const nb{block, dkp, norms, norms + a.n_head_k * block * dkp};
   for (std::int64_t t0 = 0; t0 < a.n_tokens; t0 += block) {
     std::int64_t const n = std::min(block, a.n_tokens - t0);
     normalize_block(rk, a, l, t0, n, nb);

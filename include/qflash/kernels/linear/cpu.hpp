@@ -184,7 +184,7 @@ QFLASH_SIMD_BEGIN
 /// kQuantRows rows per pass.
 template <class WB, class XB>
 QFLASH_TARGET_AVX2 void quant_rows_avx2(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  constexpr int kQuantRows = 4;
+  constexpr int kQuantRows = 2;
   std::int64_t const nb = p.w.cols / block_values(p.w.format);
   std::int64_t const stride = p.w.row_bytes();
   std::int64_t const tb = std::max<std::int64_t>(1, token_block(p.xq_stride, p.n_tokens));

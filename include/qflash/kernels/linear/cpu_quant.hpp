@@ -164,6 +164,11 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ8_0 const* w, std::int64_t stride, BlockQ
   for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
 }
 
+/// Byte masks that broadcast int16 lane j of each 128-bit half to all eight of its lanes.
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256i avx2_broadcast16_mask(int j) {
+  return _mm256_set1_epi16(static_cast<short>((2 * j) | (2 * j + 1) << 8));
+}
+
 template <int R>
 QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8K const* x, std::int64_t nb,
                                  float* out) {
@@ -172,37 +177,41 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
   __m256i const nibble = _mm256_set1_epi8(0x0f);
   auto row = [&](int r) { return reinterpret_cast<BlockQ4K const*>(reinterpret_cast<std::byte const*>(w) + r * stride); };
   for (std::int64_t b = 0; b < nb; ++b) {
-    __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].bsums));
-    std::uint8_t sm[R][16];
+    __m256i scales[R];  // the 8 sub-block scales as int16, in both 128-bit halves
     __m256i dot[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      prefetch_next_rows<R>(&row(r)[b], stride);
-      q4_k_unpack_scales(row(r)[b].scales, sm[r]);
+      BlockQ4K const& wb = row(r)[b];
+      prefetch_next_rows<R>(&wb, stride);
+      std::uint8_t sm[16];
+      q4_k_unpack_scales(wb.scales, sm);
+      __m128i const packed = _mm_loadu_si128(reinterpret_cast<__m128i const*>(sm));
+      scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
+      // mins: sum_j m_j * (bsums[2j] + bsums[2j + 1]) as one int16 multiply-add over 16 lanes.
+      __m128i const m8 = _mm_unpackhi_epi64(packed, packed);
+      __m256i const m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));  // m0 m0 m1 m1 ...
+      __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].bsums));
+      __m256 const mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
+      acc[r] = _mm256_fnmadd_ps(mins, _mm256_set1_ps(x[b].d * avx2_float(wb.dmin)), acc[r]);
       dot[r] = _mm256_setzero_si256();
     }
+#pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles)
       __m256i const x_lo = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs + 64 * p));
       __m256i const x_hi = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs + 64 * p + 32));
+      __m256i const mask_lo = avx2_broadcast16_mask(2 * p), mask_hi = avx2_broadcast16_mask(2 * p + 1);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(row(r)[b].qs + 32 * p));
         __m256i const lo = _mm256_and_si256(q, nibble);
         __m256i const hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
-        dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(lo, x_lo, _mm256_set1_epi16(sm[r][2 * p])));
-        dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(hi, x_hi, _mm256_set1_epi16(sm[r][2 * p + 1])));
+        dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(lo, x_lo, _mm256_shuffle_epi8(scales[r], mask_lo)));
+        dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(hi, x_hi, _mm256_shuffle_epi8(scales[r], mask_hi)));
       }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      BlockQ4K const& wb = row(r)[b];
-      // mins: sum_j m_j * (bsums[2j] + bsums[2j + 1]) as one int16 multiply-add over 16 lanes.
-      __m128i const m8 = _mm_loadl_epi64(reinterpret_cast<__m128i const*>(sm[r] + 8));
-      __m256i const m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));  // m0 m0 m1 m1 ...
-      __m256 const mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(x[b].d * avx2_float(wb.d)), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(mins, _mm256_set1_ps(x[b].d * avx2_float(wb.dmin)), acc[r]);
-    }
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(x[b].d * avx2_float(row(r)[b].d)), acc[r]);
   }
   for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
 }

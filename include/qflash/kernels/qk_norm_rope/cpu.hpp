@@ -21,14 +21,17 @@ Status qk_norm_rope(QkNormRopeArgs const& a) {
   std::int64_t const ts = a.token_stride ? a.token_stride : a.n_head * hs;
   int const half = a.rotary_dim / 2;
   float const w_offset = a.weight_kind == NormWeight::kZeroCentered ? 1.0f : 0.0f;
-  std::vector<float> inv_freq(static_cast<std::size_t>(half));
-  for (int j = 0; j < half; ++j) inv_freq[static_cast<std::size_t>(j)] = rope_inv_freq(a.theta, j, a.rotary_dim);
+  // The calling thread's buffer, kept across calls; workers read it through inv_freq.
+  thread_local std::vector<float> inv_freq_buf;
+  inv_freq_buf.resize(static_cast<std::size_t>(half));
+  float* const inv_freq = inv_freq_buf.data();
+  for (int j = 0; j < half; ++j) inv_freq[j] = rope_inv_freq(a.theta, j, a.rotary_dim);
   parallel_for(0, a.n_tokens, std::int64_t{a.n_head} * d * 8, [&](std::int64_t t) {
     thread_local std::vector<float> cs;
     cs.resize(static_cast<std::size_t>(2 * half));
     float const pos = static_cast<float>(a.positions[t]);
     for (int j = 0; j < half; ++j) {
-      float const ang = pos * inv_freq[static_cast<std::size_t>(j)];
+      float const ang = pos * inv_freq[j];
       cs[static_cast<std::size_t>(2 * j)] = static_cast<float>(std::cos(static_cast<double>(ang)));
       cs[static_cast<std::size_t>(2 * j + 1)] = static_cast<float>(std::sin(static_cast<double>(ang)));
     }

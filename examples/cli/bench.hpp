@@ -1,0 +1,475 @@
+// `qflash bench`: prefill and decode speed like llama-bench (tests pp<P> and tg<N>, mean ±
+// stddev of tok/s over repetitions), with the decode roofline beside it: the weight bytes a
+// decoded token reads, the read bandwidth measured in the same run with the same threads, and
+// the fraction of bandwidth / bytes that decode reaches. Benches a model from disk or a
+// synthetic preset built in memory with the real shapes (runtime/synthetic.hpp).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "qflash/core/log.hpp"
+#include "qflash/core/parallel.hpp"
+#include "qflash/io/gguf_config.hpp"
+#include "qflash/io/hf_config.hpp"
+#include "qflash/runtime/bandwidth.hpp"
+#include "qflash/runtime/load_model.hpp"
+#include "qflash/runtime/roofline.hpp"
+#include "qflash/runtime/synthetic.hpp"
+#include "qflash/runtime/weight_plan.hpp"
+#include "qflash/runtime/with_model.hpp"
+
+extern char** environ;
+
+namespace qflash::cli {
+
+struct BenchOptions {
+  std::string model;      ///< a model directory or .gguf file
+  std::string synthetic;  ///< a preset name (runtime::kSyntheticPresets)
+  int layers = 0, vocab = 0;
+  std::string weights = "auto";
+  std::vector<int> n_prompt{512}, n_gen{128}, threads;
+  int repetitions = 5;
+  bool json = false, no_verify = false;
+  std::string plot;
+  long long seed = 0;
+  std::string tools_dir;  ///< where tools/plot_bench.py and the tools venv live
+
+  CLI::Option const* model_flag = nullptr;
+  CLI::Option const* synthetic_flag = nullptr;
+  CLI::Option const* layers_flag = nullptr;
+  CLI::Option const* vocab_flag = nullptr;
+};
+
+/// Registers the flags of `qflash bench` on `cmd`.
+inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
+  o.model_flag = cmd->add_option("-m,--model", o.model,
+                                 "Hugging Face model directory or llama.cpp .gguf file (default: the embedded model)");
+  o.synthetic_flag = cmd->add_option("--synthetic", o.synthetic,
+                                     "bench random weights with a preset's exact shapes, built in memory (" +
+                                         runtime::synthetic_preset_names() + "); instead of --model");
+  o.layers_flag = cmd->add_option("--layers", o.layers,
+                                  "--synthetic only: layers (default 4: 3 Gated DeltaNet + 1 full attention)")
+                      ->check(integer_in(1));
+  o.vocab_flag = cmd->add_option("--vocab", o.vocab, "--synthetic only: vocabulary (default: the real model's)")
+                     ->check(integer_in(1));
+  std::vector<std::string> schemes;
+  for (auto const& [k, name] : runtime::kWeightSchemes) schemes.emplace_back(name);
+  cmd->add_option("--weights", o.weights,
+                  "weight format in memory, as for 'qflash run' (auto: as stored; bf16 for --synthetic)")
+      ->check(CLI::IsMember(schemes))
+      ->capture_default_str();
+  cmd->add_option("-p,--n-prompt", o.n_prompt, "prompt lengths of the prefill tests, e.g. 128,512 (0: none)")
+      ->delimiter(',')
+      ->check(integer_in(0))
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", o.n_gen, "tokens of the decode tests, e.g. 16,128 (0: none)")
+      ->delimiter(',')
+      ->check(integer_in(0))
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", o.threads, "thread counts to bench, e.g. 1,2 (default: one per physical core)")
+      ->delimiter(',')
+      ->check(integer_in(1));
+  cmd->add_option("-r,--repetitions", o.repetitions, "timed runs of each test, after one warm-up")
+      ->check(integer_in(1))
+      ->capture_default_str();
+  cmd->add_flag("--json", o.json, "one JSON object per test and line instead of a markdown table");
+  cmd->add_option("--plot", o.plot, "also draw tok/s per format and threads into this PNG (needs the tools venv)");
+  cmd->add_option("-s,--seed", o.seed, "seed of the synthetic weights and the benched token ids")
+      ->check(integer_in(0, std::numeric_limits<long long>::max()))
+      ->capture_default_str();
+  cmd->add_flag("--no-verify", o.no_verify, "skip checking the files against the model's SHA256SUMS");
+  cmd->footer(
+      "Tests: pp<P> is one forward of P tokens on a fresh sequence, tg<N> is N single-token steps from an empty one "
+      "(as llama-bench). bytes_per_token counts the weight matrices a decoded token reads: attention / Gated DeltaNet "
+      "projections, the router, n_expert_used routed experts at the layer's mean expert size, the shared expert, "
+      "lm_head and one embedding row; KV cache and DeltaNet state reads (and norm vectors) are not counted. "
+      "bandwidth_gbs is the read bandwidth measured in the same run with the same threads; roofline_fraction = "
+      "decode_tok_s x bytes_per_token / bandwidth. peak_rss_bytes excludes the bandwidth probe's buffer.");
+}
+
+namespace bench_detail {
+
+struct Stats {
+  double mean = 0, stddev = 0;
+};
+
+/// Mean and sample standard deviation (0 for one sample), as llama-bench reports them.
+inline Stats stats_of(std::vector<double> const& v) {
+  Stats s;
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= static_cast<double>(v.size());
+  if (v.size() > 1) {
+    double ss = 0;
+    for (double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.stddev = std::sqrt(ss / static_cast<double>(v.size() - 1));
+  }
+  return s;
+}
+
+/// "1 thread", "2 threads".
+inline std::string count_of(int n, std::string const& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+inline std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  return buf;
+}
+
+/// The process's peak resident memory (getrusage) leaving out the read-bandwidth probe: before
+/// each probe the peak so far is kept, after it the kernel's high-water mark is reset to the
+/// current size (Linux: /proc/self/clear_refs "5"). Where that is refused, the peak includes
+/// the probe's buffer, and a warning says so.
+class PeakRss {
+ public:
+  [[nodiscard]] std::int64_t bytes() const { return std::max(carried_, now()); }
+  void before_probe() { carried_ = std::max(carried_, now()); }
+  void after_probe(std::int64_t probe_bytes) {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+    clear.flush();
+    if (!clear && !warned_) {
+      warned_ = true;
+      QFLASH_LOG_WARN("peak_rss_bytes includes the bandwidth probe's ", human_bytes(static_cast<double>(probe_bytes)),
+                      " buffer: the peak cannot be reset here (/proc/self/clear_refs)");
+    }
+  }
+
+ private:
+  static std::int64_t now() {
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    return static_cast<std::int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+  }
+  std::int64_t carried_ = 0;
+  bool warned_ = false;
+};
+
+/// One test's result: the row of the table and the JSON object.
+struct Row {
+  std::string test;
+  int threads = 0, n_prompt = 0, n_gen = 0;
+  std::vector<double> samples;  // tok/s of each repetition
+  double bandwidth_gbs = 0;
+  std::int64_t peak_rss = 0;
+};
+
+/// What every row shares.
+struct Context {
+  std::string model, format;
+  int n_layer = 0, vocab = 0, repetitions = 0;
+  std::int64_t model_bytes = 0, bytes_per_token = 0;
+};
+
+inline nlohmann::ordered_json to_json(Context const& c, Row const& r) {
+  Stats const s = stats_of(r.samples);
+  bool const decode = r.n_gen > 0;
+  nlohmann::ordered_json j;
+  j["model"] = c.model;
+  j["format"] = c.format;
+  j["n_layer"] = c.n_layer;
+  j["vocab"] = c.vocab;
+  j["model_bytes"] = c.model_bytes;
+  j["threads"] = r.threads;
+  j["test"] = r.test;
+  j["n_prompt"] = r.n_prompt;
+  j["n_gen"] = r.n_gen;
+  j["repetitions"] = c.repetitions;
+  j["prefill_tok_s"] = decode ? nlohmann::ordered_json() : nlohmann::ordered_json(s.mean);
+  j["decode_tok_s"] = decode ? nlohmann::ordered_json(s.mean) : nlohmann::ordered_json();
+  j["stddev_tok_s"] = s.stddev;
+  j["samples_tok_s"] = r.samples;
+  j["bytes_per_token"] = c.bytes_per_token;
+  j["bandwidth_gbs"] = r.bandwidth_gbs;
+  j["roofline_fraction"] =
+      decode ? nlohmann::ordered_json(runtime::roofline_fraction(s.mean, c.bytes_per_token, r.bandwidth_gbs))
+             : nlohmann::ordered_json();
+  j["peak_rss_bytes"] = r.peak_rss;
+  return j;
+}
+
+inline void print_table_header() {
+  std::printf("| %-36s | %-14s | %10s | %7s | %7s | %20s | %11s | %9s | %8s | %10s |\n", "model", "format", "size",
+              "threads", "test", "t/s", "bytes/token", "read GB/s", "roofline", "peak RSS");
+  std::printf("| %-36s | %-14s | %10s | %7s | %7s | %20s | %11s | %9s | %8s | %10s |\n",
+              "------------------------------------", "--------------", "---------:", "------:", "-------",
+              "-------------------:", "----------:", "--------:", "-------:", "---------:");
+}
+
+inline void print_table_row(Context const& c, Row const& r) {
+  Stats const s = stats_of(r.samples);
+  char tps[48], roof[16] = "-";
+  std::snprintf(tps, sizeof tps, "%.2f ± %.2f", s.mean, s.stddev);
+  if (r.n_gen > 0) std::snprintf(roof, sizeof roof, "%.2f", runtime::roofline_fraction(s.mean, c.bytes_per_token, r.bandwidth_gbs));
+  // "±" is two bytes: one more column of padding keeps the table aligned.
+  std::printf("| %-36s | %-14s | %10s | %7d | %7s | %21s | %11s | %9.1f | %8s | %10s |\n", c.model.c_str(),
+              c.format.c_str(), human_bytes(static_cast<double>(c.model_bytes)).c_str(), r.threads, r.test.c_str(),
+              tps, human_bytes(static_cast<double>(c.bytes_per_token)).c_str(), r.bandwidth_gbs, roof,
+              human_bytes(static_cast<double>(r.peak_rss)).c_str());
+  std::fflush(stdout);
+}
+
+/// "q4_k" for a scheme; for auto the formats the matrices are in, the most bytes first.
+inline std::string format_label(runtime::LoadedModel const& m) {
+  if (m.scheme != runtime::WeightScheme::kAuto) return std::string(runtime::to_string(m.scheme));
+  std::vector<std::pair<std::int64_t, WeightFormat>> by_bytes;
+  for (auto const& [f, b] : m.bytes_per_format()) by_bytes.emplace_back(b, f);
+  std::sort(by_bytes.rbegin(), by_bytes.rend());
+  std::string out;
+  for (auto const& [b, f] : by_bytes) out += (out.empty() ? "" : "+") + std::string(to_string(f));
+  return out;
+}
+
+/// Runs argv[0] with the given arguments (no shell); throws Error unless it exits 0.
+inline void run_program(std::vector<std::string> const& argv) {
+  std::vector<char*> args;
+  for (auto const& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  int const err = ::posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ);
+  QFLASH_CHECK(err == 0, "cannot run ", argv[0], ": ", std::strerror(err));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  QFLASH_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, argv[0], " ", argv[1], " failed (",
+               WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status)) : std::string("killed"), ")");
+}
+
+/// Random token ids in [0, vocab).
+inline std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, int n, int vocab) {
+  std::uniform_int_distribution<std::int32_t> dist(0, vocab - 1);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  for (auto& id : ids) id = dist(rng);
+  return ids;
+}
+
+/// tok/s of one prefill: a forward of `tokens` on a fresh sequence, logits of the last token.
+template <class Model>
+double time_prefill(Model& m, std::vector<std::int32_t> const& tokens, std::vector<float>& logits) {
+  auto state = m.new_sequence();
+  model::SequenceChunk const chunk{tokens, &state};
+  auto const t0 = std::chrono::steady_clock::now();
+  m.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  double const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(tokens.size()) / secs;
+}
+
+/// tok/s of decoding: one single-token step per id of `tokens`, from an empty sequence.
+template <class Model>
+double time_decode(Model& m, std::vector<std::int32_t> const& tokens, std::vector<float>& logits) {
+  auto state = m.new_sequence();
+  auto const t0 = std::chrono::steady_clock::now();
+  for (std::int32_t id : tokens) {
+    model::SequenceChunk const chunk{std::span(&id, 1), &state};
+    m.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  }
+  double const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(tokens.size()) / secs;
+}
+
+/// The config of the model `path` names, read without its weights.
+inline model::ModelConfig peek_config(std::string const& path) {
+  std::error_code ec;
+  QFLASH_CHECK(std::filesystem::exists(path, ec), "model '", path, "' does not exist");
+  if (runtime::is_gguf_file(path)) return io::config_from_gguf(io::GgufFile(path));
+  QFLASH_CHECK(std::filesystem::is_directory(path, ec), "model '", path, "' is neither a model directory nor a GGUF file");
+  return io::load_config(path);
+}
+
+/// The model's name in the table: the synthetic preset and its cut, or the path's last part.
+inline std::string model_label(BenchOptions const& o, model::ModelConfig const& c) {
+  if (o.synthetic_flag->count() > 0)
+    return o.synthetic + " synthetic " + std::to_string(c.n_layer) + "L v" + std::to_string(c.vocab);
+  std::filesystem::path p(o.model);
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+}  // namespace bench_detail
+
+/// `qflash bench`; every command-line mistake is a UsageError raised before any weights are
+/// read or generated.
+inline int cmd_bench(BenchOptions o) {
+  using namespace bench_detail;
+  namespace fs = std::filesystem;
+  bool const synthetic = o.synthetic_flag->count() > 0;
+  if (synthetic && o.model_flag->count() > 0)
+    throw UsageError("--model and --synthetic exclude each other: bench a model from disk or a synthetic preset");
+  if (!synthetic && o.layers_flag->count() > 0)
+    throw UsageError("--layers: only for --synthetic (a model from disk has its own layers)");
+  if (!synthetic && o.vocab_flag->count() > 0)
+    throw UsageError("--vocab: only for --synthetic (a model from disk has its own vocabulary)");
+  std::erase(o.n_prompt, 0);
+  std::erase(o.n_gen, 0);
+  if (o.n_prompt.empty() && o.n_gen.empty()) throw UsageError("-p and -n are all 0: no test to run");
+
+  model::ModelConfig cfg;
+  if (synthetic) {
+    runtime::SyntheticPreset preset{};
+    try {
+      preset = runtime::synthetic_preset(o.synthetic);
+    } catch (Error const& e) {
+      throw UsageError(std::string("--synthetic: ") + e.what());
+    }
+    if (o.layers > preset.n_layer)
+      throw UsageError("--layers: " + std::to_string(o.layers) + " is more than the " + std::to_string(preset.n_layer) +
+                       " layers of " + o.synthetic);
+    if (o.vocab > preset.vocab)
+      throw UsageError("--vocab: " + std::to_string(o.vocab) + " is more than the " + std::to_string(preset.vocab) +
+                       " tokens of " + o.synthetic + "'s vocabulary");
+    cfg = runtime::synthetic_config(o.synthetic, o.layers, o.vocab);
+  } else {
+    cfg = peek_config(o.model);
+  }
+  for (auto const* list : {&o.n_prompt, &o.n_gen})
+    for (int n : *list)
+      if (n > cfg.max_position_embeddings)
+        throw UsageError(std::string(list == &o.n_prompt ? "-p" : "-n") + " " + std::to_string(n) +
+                         " is above the model's limit of " + std::to_string(cfg.max_position_embeddings) +
+                         " tokens (max_position_embeddings)");
+  std::string python, plot_script;
+  if (!o.plot.empty()) {
+    fs::path const dir = fs::path(o.plot).parent_path();
+    std::error_code ec;
+    if (!dir.empty() && !fs::is_directory(dir, ec))
+      throw UsageError("--plot: directory '" + printable(dir.string()) + "' does not exist");
+    python = (fs::path(o.tools_dir) / ".venv" / "bin" / "python").string();
+    plot_script = (fs::path(o.tools_dir) / "plot_bench.py").string();
+    QFLASH_CHECK(fs::exists(plot_script, ec), "--plot: ", plot_script, " is missing (it comes with the qflash sources)");
+    QFLASH_CHECK(::access(python.c_str(), X_OK) == 0, "--plot needs matplotlib from the tools venv, and ", python,
+                 " does not exist; create the venv with: ", (fs::path(o.tools_dir) / "setup_venv").string());
+  }
+
+  // Thread counts above the CPUs this process may use are reduced to them, as 'run' does.
+  int const cpus = available_cpus();
+  if (o.threads.empty()) o.threads.push_back(std::min(default_threads(), cpus));
+  for (int& t : o.threads)
+    if (t > cpus) {
+      QFLASH_LOG_WARN("-t ", t, " is more than the ", cpus, " CPUs this process may use; using ", cpus, " threads");
+      t = cpus;
+    }
+  set_max_threads(*std::max_element(o.threads.begin(), o.threads.end()));  // for loading
+
+  runtime::WeightScheme const scheme = runtime::parse_weight_scheme(o.weights);
+  auto const t_load = std::chrono::steady_clock::now();
+  runtime::LoadedModel loaded;
+  if (synthetic) {
+    loaded = runtime::synthetic_model(cfg, scheme, static_cast<std::uint64_t>(o.seed), ::isatty(2) != 0);
+  } else {
+    runtime::LoadOptions lo;
+    lo.weights = scheme;
+    lo.verify_checksums = !o.no_verify;
+    lo.config = cfg;
+    loaded = runtime::load_model(o.model, lo);
+  }
+  Context ctx;
+  ctx.model = model_label(o, cfg);
+  ctx.format = format_label(loaded);
+  ctx.n_layer = cfg.n_layer;
+  ctx.vocab = cfg.vocab;
+  ctx.repetitions = o.repetitions;
+  for (auto const& [f, b] : loaded.bytes_per_format()) ctx.model_bytes += b;
+  std::fprintf(stderr, "bench: %s weights (%s) %s in %.1f s\n", human_bytes(static_cast<double>(ctx.model_bytes)).c_str(),
+               ctx.format.c_str(), synthetic ? "generated" : "loaded",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
+  runtime::DecodeWeightBytes const per_token = runtime::decode_weight_bytes(cfg, loaded.weights);
+  ctx.bytes_per_token = per_token.total();
+  QFLASH_LOG_INFO("bytes per decoded token: ", ctx.bytes_per_token, " (mixers ", per_token.mixers, ", routers ",
+                  per_token.routers, ", routed experts ", per_token.routed_experts, ", shared experts ",
+                  per_token.shared_experts, ", lm_head ", per_token.lm_head, ", embedding row ", per_token.embedding_row,
+                  ")");
+
+  PeakRss peak;
+  std::vector<std::string> lines;  // JSON, for --plot
+  std::mt19937_64 rng(static_cast<std::uint64_t>(o.seed));
+  if (!o.json) print_table_header();
+  auto emit = [&](Row const& r) {
+    std::string const line = to_json(ctx, r).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    lines.push_back(line);
+    if (o.json) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    } else {
+      print_table_row(ctx, r);
+    }
+  };
+  runtime::with_model(std::move(loaded), {}, [&](auto& m) {
+    std::vector<float> logits;
+    for (int t : o.threads) {
+      set_max_threads(t);
+      peak.before_probe();
+      runtime::ReadBandwidth const bw = runtime::measure_read_bandwidth();
+      peak.after_probe(bw.buffer_bytes);
+      std::fprintf(stderr, "bench: read bandwidth %.1f GB/s (%s, %s loads over %s)\n", bw.gbs,
+                   count_of(bw.threads, "thread").c_str(), std::string(arch::to_string(bw.isa)).c_str(),
+                   human_bytes(static_cast<double>(bw.buffer_bytes)).c_str());
+      auto run_test = [&](std::string const& name, int n_prompt, int n_gen) {
+        std::fprintf(stderr, "bench: %s, %s: warm-up and %s\n", name.c_str(), count_of(t, "thread").c_str(),
+                     count_of(o.repetitions, "run").c_str());
+        Row r{name, t, n_prompt, n_gen, {}, bw.gbs, 0};
+        int const n = n_prompt > 0 ? n_prompt : n_gen;
+        auto once = [&](int tokens) {
+          auto const ids = random_tokens(rng, tokens, cfg.vocab);
+          return n_prompt > 0 ? time_prefill(m, ids, logits) : time_decode(m, ids, logits);
+        };
+        (void)once(n_prompt > 0 ? n : 1);  // warm-up: llama-bench's (the whole prompt; one decode step)
+        for (int i = 0; i < o.repetitions; ++i) r.samples.push_back(once(n));
+        r.peak_rss = peak.bytes();
+        emit(r);
+      };
+      for (int p : o.n_prompt) run_test("pp" + std::to_string(p), p, 0);
+      for (int n : o.n_gen) run_test("tg" + std::to_string(n), 0, n);
+    }
+  });
+
+  if (!o.plot.empty()) {
+    fs::path const jsonl = fs::temp_directory_path() / ("qflash-bench-" + std::to_string(::getpid()) + ".jsonl");
+    {
+      std::ofstream f(jsonl);
+      for (auto const& l : lines) f << l << '\n';
+      QFLASH_CHECK(f.good(), "--plot: cannot write ", jsonl.string());
+    }
+    try {
+      run_program({python, plot_script, "--out", o.plot, jsonl.string()});
+    } catch (...) {
+      std::error_code ec;
+      fs::remove(jsonl, ec);
+      throw;
+    }
+    std::error_code ec;
+    fs::remove(jsonl, ec);
+    std::fprintf(stderr, "bench: wrote %s\n", printable(o.plot).c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace qflash::cli

@@ -177,3 +177,26 @@ TEST_CASE("an exception from fn is rethrown on the caller after the region") {
   auto const hits = visit_counts(0, 100, kMinParallelWork);
   CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
 }
+
+TEST_CASE("parallel_slot is the item's chunk, whichever thread runs it; SlotScratch keeps buffers") {
+  DefaultThreadsAfter restore;
+  set_max_threads(3);
+  CHECK(parallel_slot() == 0);
+  SlotScratch<int> scratch;
+  scratch.prepare();
+  auto& sc = scratch;
+  for (int round = 0; round < 50; ++round) {
+    std::vector<int> slot(10, -1);
+    std::vector<int*> buffer(10, nullptr);
+    parallel_for(0, 10, [&](std::int64_t i) {
+      slot[static_cast<std::size_t>(i)] = parallel_slot();
+      buffer[static_cast<std::size_t>(i)] = sc.get(16);
+    });
+    // The split of 10 over 3: [0,4) [4,7) [7,10).
+    CHECK(slot == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 2, 2, 2});
+    CHECK(buffer[0] == buffer[3]);
+    CHECK(buffer[0] != buffer[4]);
+    CHECK(buffer[4] != buffer[7]);
+  }
+  CHECK(parallel_slot() == 0);
+}

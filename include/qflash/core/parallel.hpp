@@ -89,6 +89,8 @@ inline std::pair<std::int64_t, std::int64_t> chunk_bounds(std::int64_t begin, st
 
 /// True on pool workers always, and on a caller while it runs a region.
 inline thread_local bool t_in_parallel_region = false;
+/// The chunk this thread runs (parallel_slot()).
+inline thread_local int t_slot = 0;
 
 /// Threads waiting for regions. Region protocol, for epoch e (starting at 1):
 /// - the caller writes the job, sets remaining_ = n, publishes epoch_ = e, bumps wake_;
@@ -169,12 +171,14 @@ class ThreadPool {
         continue;
       auto const [lo, hi] = chunk_bounds(begin_, end_, n_, c);
       if (lo < hi) {
+        t_slot = c;
         try {
           invoke_(ctx_, lo, hi);
         } catch (...) {
           std::lock_guard lock(error_mutex_);
           if (!error_) error_ = std::current_exception();
         }
+        t_slot = 0;
       }
       if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining_.notify_one();
     }
@@ -329,6 +333,33 @@ void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t work_per_it
   }
   for (std::int64_t i = begin; i < end; ++i) fn(i);
 }
+
+/// The slot of the calling thread: inside a parallel_for item, the index in [0, max_threads())
+/// of the chunk it belongs to, which depends on the item, not on the thread that runs it;
+/// 0 outside a region and in items run serially.
+inline int parallel_slot() { return detail::t_slot; }
+
+/// Scratch for parallel_for items, one buffer per slot: a slot's items run on one thread at a
+/// time, and an item's slot does not depend on which thread runs it, so once a region's items
+/// have run, repeating the region allocates nothing (unlike a thread_local in the items).
+/// Owned by the thread that starts the region; items reach it through a pointer or reference.
+template <class T>
+class SlotScratch {
+ public:
+  /// Before the region: a buffer for every slot.
+  void prepare() {
+    if (slots_.size() < static_cast<std::size_t>(max_threads())) slots_.resize(static_cast<std::size_t>(max_threads()));
+  }
+  /// The calling item's buffer, at least n elements.
+  T* get(std::size_t n) {
+    auto& v = slots_[static_cast<std::size_t>(parallel_slot())];
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
+
+ private:
+  std::vector<std::vector<T>> slots_;
+};
 
 /// parallel_for for items that are each worth a parallel region on their own.
 template <class Fn>

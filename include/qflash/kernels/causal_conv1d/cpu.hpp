@@ -153,8 +153,12 @@ inline Status causal_conv1d(arch::CpuIsa isa, CausalConv1dArgs const& a) {
   std::int64_t const n_tb = (a.n_tokens + d::kConvTokens - 1) / d::kConvTokens;
   std::int64_t const n_items = n_cb * n_tb;
   std::int64_t const n_workers = std::min<std::int64_t>(max_threads(), n_items);
+  // One buffer per worker index, owned by the calling thread and kept across calls.
+  thread_local std::vector<std::vector<float>> scratch_of;
+  if (scratch_of.size() < static_cast<std::size_t>(n_workers)) scratch_of.resize(static_cast<std::size_t>(n_workers));
+  auto& per_worker = scratch_of;
   parallel_for(0, n_workers, [&](std::int64_t w) {
-    thread_local std::vector<float> scratch;  // each worker's own, kept across calls
+    std::vector<float>& scratch = per_worker[static_cast<std::size_t>(w)];
     scratch.resize(d::scratch_floats(a.d_conv));
     for (std::int64_t it = n_items * w / n_workers; it < n_items * (w + 1) / n_workers; ++it) {
       std::int64_t const t0 = (it / n_cb) * d::kConvTokens;

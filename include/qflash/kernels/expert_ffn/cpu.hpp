@@ -56,6 +56,7 @@ struct ExpertScratch {
   std::vector<float> weights;        ///< [pairs] its route weight
   std::vector<float> gate, up;       ///< [pairs, d_ff_max]; gate ends as the SwiGLU output
   std::vector<std::byte> xq[kActBlockKinds], act_q[kActBlockKinds];
+  SlotScratch<float> rows;  ///< kernels/linear's per-slot scratch
 };
 
 /// The op for the weight formats F compiles (kAny: all); arguments already checked.
@@ -63,6 +64,7 @@ template <WeightFormat F>
 Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   thread_local ExpertScratch scratch;
   ExpertScratch& s = scratch;  // workers must reach the caller's scratch, not their own
+  s.rows.prepare();
   std::int64_t const d_model = a.experts[0].gate.cols;
   std::int64_t const n_expert = static_cast<std::int64_t>(a.experts.size());
   std::int64_t const n_pairs = a.n_tokens * a.n_expert_used;
@@ -136,6 +138,7 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     if (o0 >= rows) return;
     std::int64_t const o1 = std::min(rows, o0 + block);
     LinearRows p{};
+    p.scratch = &s.rows;
     p.x = a.x;
     p.xs = d_model;
     p.ys = d_ff_max;
@@ -184,6 +187,7 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     for (auto const& e : s.active) {
       int const k = static_cast<int>(act_blocks(e.w->down.format));
       LinearRows p{};
+      p.scratch = &s.rows;
       p.w = e.w->down;
       p.x = s.gate.data() + e.begin * d_ff_max;
       p.xs = d_ff_max;

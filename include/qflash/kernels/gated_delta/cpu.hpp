@@ -466,14 +466,16 @@ struct Layout {
 };
 
 /// Runs `fn(item, scratch)` for items [0, n_items) split into one contiguous range per worker;
-/// each worker uses its own 64-byte-aligned scratch buffer of `scratch_floats` (thread-local,
-/// kept across calls) for the whole call.
+/// each worker uses its own 64-byte-aligned scratch buffer of `scratch_floats` for the whole
+/// call (one per worker index, owned by the calling thread and kept across calls).
 template <class Fn>
 void for_each_item(std::int64_t n_items, std::size_t scratch_floats, Fn&& fn) {
   std::int64_t const n_workers = std::min<std::int64_t>(max_threads(), n_items);
+  thread_local std::vector<AlignedFloats> scratch_of;
+  if (scratch_of.size() < static_cast<std::size_t>(n_workers)) scratch_of.resize(static_cast<std::size_t>(n_workers));
+  auto& per_worker = scratch_of;
   parallel_for(0, n_workers, [&](std::int64_t w) {
-    thread_local AlignedFloats scratch;
-    float* const buf = scratch.data(scratch_floats);
+    float* const buf = per_worker[static_cast<std::size_t>(w)].data(scratch_floats);
     for (std::int64_t i = n_items * w / n_workers; i < n_items * (w + 1) / n_workers; ++i) fn(i, buf);
   });
 }

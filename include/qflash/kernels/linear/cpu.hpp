@@ -46,6 +46,7 @@ struct LinearRows {
   std::int32_t const* x_index = nullptr;
   std::int32_t const* y_index = nullptr;
   float const* y_scale = nullptr;
+  SlotScratch<float>* scratch = nullptr;  ///< for rows decoded or widened to fp32 (prepared)
 
   [[nodiscard]] std::int64_t x_of(std::int64_t t) const { return x_index ? x_index[t] : t; }
   [[nodiscard]] float const* x_row(std::int64_t t) const { return x + x_of(t) * xs; }
@@ -89,13 +90,13 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(Fp16 const* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<__m128i const*>(p)));
 }
 
-/// y[t0 + t, o + r] for r < R, t < NT: one pass over the columns, each weight vector
-/// multiplied into NT tokens and each activation vector into R rows.
+/// y[t0 + t, o + r] for r < R, t < NT, with weight row o + r at w + r * cols: one pass over
+/// the columns, each weight vector multiplied into NT tokens and each activation vector into
+/// R rows.
 template <class W, int R, int NT>
-QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, std::int64_t o, std::int64_t t0) {
+QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0) {
   std::int64_t const n = p.w.cols;
   std::int64_t const n8 = n / 8 * 8;
-  W const* w = static_cast<W const*>(p.w.data) + o * n;
   float const* x[NT];
   for (int t = 0; t < NT; ++t) x[t] = p.x_row(t0 + t);
   __m256 acc[R][NT];
@@ -103,7 +104,25 @@ QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, std::int64_t o, std
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (std::int64_t i = 0; i < n8; i += 8) {
+  std::int64_t i = 0;
+  if constexpr (NT == 1) {
+    // One token: R accumulators alone are R dependent FMA chains; a second set per row keeps
+    // 2R in flight (rows that live in cache are latency bound, not bandwidth bound).
+    __m256 acc2[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc2[r] = _mm256_setzero_ps();
+    for (; i + 16 <= n8; i += 16) {
+      __m256 const x0 = _mm256_loadu_ps(x[0] + i), x1 = _mm256_loadu_ps(x[0] + i + 8);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        acc[r][0] = _mm256_fmadd_ps(avx2_load_weights(w + r * n + i), x0, acc[r][0]);
+        acc2[r] = _mm256_fmadd_ps(avx2_load_weights(w + r * n + i + 8), x1, acc2[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r][0] = _mm256_add_ps(acc[r][0], acc2[r]);
+  }
+  for (; i < n8; i += 8) {
     __m256 xv[NT];
 #pragma GCC unroll 3
     for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x[t] + i);
@@ -123,30 +142,50 @@ QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, std::int64_t o, std
 }
 
 template <class W, int R>
-QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, std::int64_t o, std::int64_t t0, int nt) {
+QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0, int nt) {
   switch (nt) {
-    case 1: return float_tile_avx2<W, R, 1>(p, o, t0);
-    case 2: return float_tile_avx2<W, R, 2>(p, o, t0);
-    default: return float_tile_avx2<W, R, kTileTokens>(p, o, t0);
+    case 1: return float_tile_avx2<W, R, 1>(p, w, o, t0);
+    case 2: return float_tile_avx2<W, R, 2>(p, w, o, t0);
+    default: return float_tile_avx2<W, R, kTileTokens>(p, w, o, t0);
   }
 }
 
+/// Tokens [b0, b1) through rows [o, o + nr) whose weights are at w (row stride cols).
+template <class W>
+QFLASH_TARGET_AVX2 void float_group_avx2(LinearRows const& p, W const* w, std::int64_t o, int nr, std::int64_t b0,
+                                         std::int64_t b1) {
+  for (std::int64_t t = b0; t < b1; t += kTileTokens) {
+    int const nt = static_cast<int>(std::min<std::int64_t>(kTileTokens, b1 - t));
+    switch (nr) {
+      case 1: float_tile_avx2<W, 1>(p, w, o, t, nt); break;
+      case 2: float_tile_avx2<W, 2>(p, w, o, t, nt); break;
+      case 3: float_tile_avx2<W, 3>(p, w, o, t, nt); break;
+      default: float_tile_avx2<W, kTileRows>(p, w, o, t, nt); break;
+    }
+  }
+}
+
+/// Rows [o0, o1) of an f32 / bf16 / f16 projection. With many tokens, bf16 and f16 row groups
+/// are widened to fp32 once per token block, so the tiles' inner loop only multiplies.
 template <class W>
 QFLASH_TARGET_AVX2 void float_rows_avx2(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  std::int64_t const tb = token_block(p.w.cols * 4, p.n_tokens);
+  std::int64_t const n = p.w.cols;
+  std::int64_t const tb = token_block(n * 4, p.n_tokens);
+  bool const widen_rows = !std::is_same_v<W, float> && p.n_tokens > kTileTokens;
+  float* const widened = widen_rows ? p.scratch->get(static_cast<std::size_t>(kTileRows * n)) : nullptr;
   for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
     std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
     for (std::int64_t o = o0; o < o1; o += kTileRows) {
       int const nr = static_cast<int>(std::min<std::int64_t>(kTileRows, o1 - o));
-      for (std::int64_t t = b0; t < b1; t += kTileTokens) {
-        int const nt = static_cast<int>(std::min<std::int64_t>(kTileTokens, b1 - t));
-        switch (nr) {
-          case 1: float_tile_avx2<W, 1>(p, o, t, nt); break;
-          case 2: float_tile_avx2<W, 2>(p, o, t, nt); break;
-          case 3: float_tile_avx2<W, 3>(p, o, t, nt); break;
-          default: float_tile_avx2<W, kTileRows>(p, o, t, nt); break;
-        }
+      W const* w = static_cast<W const*>(p.w.data) + o * n;
+      if (!widen_rows) {
+        float_group_avx2<W>(p, w, o, nr, b0, b1);
+        continue;
       }
+      std::int64_t const count = nr * n, count8 = count / 8 * 8;
+      for (std::int64_t i = 0; i < count8; i += 8) _mm256_storeu_ps(widened + i, avx2_load_weights(w + i));
+      for (std::int64_t i = count8; i < count; ++i) widened[i] = widen(w[i]);
+      float_group_avx2<float>(p, widened, o, nr, b0, b1);
     }
   }
 }
@@ -157,14 +196,13 @@ QFLASH_SIMD_END
 /// Rows [o0, o1) of a projection whose rows are decoded to fp32 first (any format), each
 /// decoded row serving every token.
 inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  thread_local std::vector<float> decoded;
-  decoded.resize(static_cast<std::size_t>(p.w.cols));
+  float* const decoded = p.w.format == WeightFormat::kF32 ? nullptr : p.scratch->get(static_cast<std::size_t>(p.w.cols));
   for (std::int64_t o = o0; o < o1; ++o) {
-    float const* row = decoded.data();
+    float const* row = decoded;
     if (p.w.format == WeightFormat::kF32)
       row = reinterpret_cast<float const*>(p.w.row(o));
     else
-      dequantize_row(p.w, o, decoded.data());
+      dequantize_row(p.w, o, decoded);
 #if QFLASH_HAS_X86_SIMD
     if (isa >= arch::CpuIsa::kAvx2) {
       LinearRows one = p;
@@ -276,6 +314,9 @@ Status linear(arch::CpuIsa isa, LinearArgs const& a) {
   if (Status s = can_implement_linear<MoeSpec{.weights = F}>(a); s != Status::kSuccess) return s;
   LinearRows p{a.w, a.x, a.x_stride ? a.x_stride : a.w.cols, a.y,
                a.y_stride ? a.y_stride : a.w.rows, a.n_tokens, a.accumulate};
+  thread_local SlotScratch<float> scratch;  // the calling thread's; items reach it through p
+  scratch.prepare();
+  p.scratch = &scratch;
   if (uses_quantized_activations(a.w.format)) {
     // Each token's activations quantized once, shared by every row (the calling thread's
     // buffer: workers reach it through p.xq, never by name).

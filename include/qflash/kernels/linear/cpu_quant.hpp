@@ -164,6 +164,18 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ8_0 const* w, std::int64_t stride, BlockQ
   for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
 }
 
+/// q4_k_unpack_scales in registers: 8 scales (bytes 0..7) and 8 mins (bytes 8..15) from the
+/// 12 packed bytes, which are read as 16 (the 4 past them are the block's codes).
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m128i avx2_q4_k_scales(std::uint8_t const* packed) {
+  __m128i const w = _mm_loadu_si128(reinterpret_cast<__m128i const*>(packed));  // words w0 w1 w2 -
+  __m128i const a = _mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0));               // w0 w2 w1 w2
+  __m128i const b = _mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0));               // w0 w0 w1 w1
+  __m128i const low = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                    _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  __m128i const high = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303)), 4);
+  return _mm_or_si128(low, high);
+}
+
 /// Byte masks that broadcast int16 lane j of each 128-bit half to all eight of its lanes.
 QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256i avx2_broadcast16_mask(int j) {
   return _mm256_set1_epi16(static_cast<short>((2 * j) | (2 * j + 1) << 8));
@@ -183,9 +195,7 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
     for (int r = 0; r < R; ++r) {
       BlockQ4K const& wb = row(r)[b];
       prefetch_next_rows<R>(&wb, stride);
-      std::uint8_t sm[16];
-      q4_k_unpack_scales(wb.scales, sm);
-      __m128i const packed = _mm_loadu_si128(reinterpret_cast<__m128i const*>(sm));
+      __m128i const packed = avx2_q4_k_scales(wb.scales);
       scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
       // mins: sum_j m_j * (bsums[2j] + bsums[2j + 1]) as one int16 multiply-add over 16 lanes.
       __m128i const m8 = _mm_unpackhi_epi64(packed, packed);

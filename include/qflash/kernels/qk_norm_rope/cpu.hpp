@@ -26,14 +26,16 @@ Status qk_norm_rope(QkNormRopeArgs const& a) {
   inv_freq_buf.resize(static_cast<std::size_t>(half));
   float* const inv_freq = inv_freq_buf.data();
   for (int j = 0; j < half; ++j) inv_freq[j] = rope_inv_freq(a.theta, j, a.rotary_dim);
+  thread_local SlotScratch<float> cos_sin;  // per slot (core/parallel.hpp), kept across calls
+  cos_sin.prepare();
+  auto& cos_sin_of = cos_sin;
   parallel_for(0, a.n_tokens, std::int64_t{a.n_head} * d * 8, [&](std::int64_t t) {
-    thread_local std::vector<float> cs;
-    cs.resize(static_cast<std::size_t>(2 * half));
+    float* const cs = cos_sin_of.get(static_cast<std::size_t>(2 * half));
     float const pos = static_cast<float>(a.positions[t]);
     for (int j = 0; j < half; ++j) {
       float const ang = pos * inv_freq[j];
-      cs[static_cast<std::size_t>(2 * j)] = static_cast<float>(std::cos(static_cast<double>(ang)));
-      cs[static_cast<std::size_t>(2 * j + 1)] = static_cast<float>(std::sin(static_cast<double>(ang)));
+      cs[2 * j] = static_cast<float>(std::cos(static_cast<double>(ang)));
+      cs[2 * j + 1] = static_cast<float>(std::sin(static_cast<double>(ang)));
     }
     for (int h = 0; h < a.n_head; ++h) {
       float const* x = a.x + t * ts + h * hs;
@@ -44,7 +46,7 @@ Status qk_norm_rope(QkNormRopeArgs const& a) {
       float const inv = 1.0f / std::sqrt(sum / static_cast<float>(d) + a.eps);
       for (int i = 0; i < d; ++i) y[i] = (x[i] * inv) * (a.weight[i] + w_offset);
       for (int j = 0; j < half; ++j) {
-        float const c = cs[static_cast<std::size_t>(2 * j)], s = cs[static_cast<std::size_t>(2 * j + 1)];
+        float const c = cs[2 * j], s = cs[2 * j + 1];
         float const x0 = y[j], x1 = y[j + half];
         y[j] = x0 * c - x1 * s;
         y[j + half] = x1 * c + x0 * s;

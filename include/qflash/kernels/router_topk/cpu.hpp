@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "qflash/core/parallel.hpp"
@@ -18,11 +19,16 @@ template <int E, int K>
 Status router_topk(RouterTopkArgs const& a) {
   int const n_expert = dim<E>(a.n_expert);
   int const k = dim<K>(a.n_expert_used);
+  // Per-slot scratch owned by the calling thread (core/parallel.hpp), kept across calls.
+  thread_local SlotScratch<float> probs;
+  thread_local SlotScratch<int> orders;
+  probs.prepare();
+  orders.prepare();
+  auto& probs_of = probs;
+  auto& orders_of = orders;
   parallel_for(0, a.n_tokens, 4 * n_expert, [&](std::int64_t t) {
-    thread_local std::vector<float> p;
-    thread_local std::vector<int> order;
-    p.resize(static_cast<std::size_t>(n_expert));
-    order.resize(static_cast<std::size_t>(n_expert));
+    std::span<float> const p(probs_of.get(static_cast<std::size_t>(n_expert)), static_cast<std::size_t>(n_expert));
+    std::span<int> const order(orders_of.get(static_cast<std::size_t>(n_expert)), static_cast<std::size_t>(n_expert));
     float const* l = a.logits + t * (a.logits_stride ? a.logits_stride : n_expert);
     if (a.shared_weights) a.shared_weights[t] = 1.0f / (1.0f + std::exp(-l[n_expert]));
     float const mx = *std::max_element(l, l + n_expert);

@@ -99,8 +99,15 @@ def main():
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for k in ("architectures", "auto_map", "quantization_config"):
+    for k in ("auto_map", "quantization_config"):
         cfg.pop(k, None)
+    # A text-only config that transformers and llama.cpp's converter read as written: with a
+    # flat "qwen3_5_moe" config they take text_config's defaults (40 layers, theta 1e4) instead.
+    if qwen35:
+        cfg["model_type"] = "qwen3_5_moe_text"
+        cfg["architectures"] = ["Qwen3_5MoeForCausalLM"]
+    else:
+        cfg["architectures"] = ["Qwen3MoeForCausalLM"]
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     total = sum(v.numel() for v in tensors.values())

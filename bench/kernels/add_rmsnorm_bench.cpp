@@ -48,8 +48,8 @@ Memory allocate(std::size_t bytes) {
 }
 
 std::size_t l3_bytes() {
-  long const l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return l3 > 0 ? static_cast<std::size_t>(l3) : std::size_t{32} << 20;
+  std::int64_t const llc = runtime::last_level_cache_bytes();
+  return llc > 0 ? static_cast<std::size_t>(llc) : std::size_t{32} << 20;
 }
 
 double g_read_gbps = 0.0;

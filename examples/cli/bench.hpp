@@ -109,6 +109,18 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       "decode_tok_s x bytes_per_token / bandwidth. peak_rss_bytes excludes the bandwidth probe's buffer.");
 }
 
+/// Checks that `path` names a model and reads its config (cheap: no weights), so flags that
+/// depend on the model are checked before it is loaded.
+inline model::ModelConfig peek_config(std::string const& path) {
+  std::error_code ec;
+  QFLASH_CHECK(std::filesystem::exists(path, ec), "model '", path, "' does not exist",
+               path == QFLASH_DEFAULT_MODEL_DIR ? " (the embedded default model is missing: pass --model DIR)" : "");
+  if (runtime::is_gguf_file(path)) return io::config_from_gguf(io::GgufFile(path));
+  QFLASH_CHECK(std::filesystem::is_directory(path, ec), "model '", path,
+               "' is neither a model directory nor a GGUF file");
+  return io::load_config(path);
+}
+
 namespace bench_detail {
 
 struct Stats {
@@ -294,15 +306,6 @@ double time_decode(Model& m, std::vector<std::int32_t> const& tokens, std::vecto
   }
   double const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return static_cast<double>(tokens.size()) / secs;
-}
-
-/// The config of the model `path` names, read without its weights.
-inline model::ModelConfig peek_config(std::string const& path) {
-  std::error_code ec;
-  QFLASH_CHECK(std::filesystem::exists(path, ec), "model '", path, "' does not exist");
-  if (runtime::is_gguf_file(path)) return io::config_from_gguf(io::GgufFile(path));
-  QFLASH_CHECK(std::filesystem::is_directory(path, ec), "model '", path, "' is neither a model directory nor a GGUF file");
-  return io::load_config(path);
 }
 
 /// The model's name in the table: the synthetic preset and its cut, or the path's last part.

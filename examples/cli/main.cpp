@@ -94,17 +94,7 @@ runtime::LoadOptions load_options(CommonOptions const& o) {
   return m;
 }
 
-/// Checks that the model path names a model; reads its config (cheap: no weights), so flags
-/// that depend on the model are checked before it is loaded.
-model::ModelConfig peek_config(CommonOptions const& o) {
-  std::error_code ec;
-  QFLASH_CHECK(std::filesystem::exists(o.model_dir, ec), "model '", o.model_dir, "' does not exist",
-               o.model_dir == QFLASH_DEFAULT_MODEL_DIR ? " (the embedded default model is missing: pass --model DIR)" : "");
-  if (runtime::is_gguf_file(o.model_dir)) return io::config_from_gguf(io::GgufFile(o.model_dir));
-  QFLASH_CHECK(std::filesystem::is_directory(o.model_dir, ec), "model '", o.model_dir,
-               "' is neither a model directory nor a GGUF file");
-  return io::load_config(o.model_dir);
-}
+model::ModelConfig peek_config(CommonOptions const& o) { return cli::peek_config(o.model_dir); }
 
 /// Throws unless the model has weights to run: a directory with only a config.json can be
 /// inspected, not run (checked before the tokenizer, whose absence would say less).

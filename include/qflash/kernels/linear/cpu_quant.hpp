@@ -9,7 +9,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "qflash/kernels/common/cpu_simd.hpp"
 #include "qflash/numeric/gguf_blocks.hpp"
@@ -60,17 +59,6 @@ inline void quantize_activations(ActBlocks k, float const* x, std::int64_t n, st
     gguf::quantize_row_q8_k(x, static_cast<std::size_t>(n), reinterpret_cast<BlockQ8K*>(out));
 }
 
-/// The 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a q4_k block, from its 12 packed
-/// bytes in four 32-bit word operations (layout: gguf::q4_k_scale_min).
-inline void q4_k_unpack_scales(std::uint8_t const* packed, std::uint8_t* out) {
-  std::uint32_t w[3];
-  std::memcpy(w, packed, sizeof w);
-  std::uint32_t const low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
-  std::uint32_t const v[4] = {w[0] & low6, (w[2] & low4) | ((w[0] >> 6) & low2) << 4, w[1] & low6,
-                              ((w[2] >> 4) & low4) | ((w[1] >> 6) & low2) << 4};
-  std::memcpy(out, v, sizeof v);
-}
-
 // ---- scalar -------------------------------------------------------------------------------
 
 inline float dot_scalar(BlockQ8_0 const* w, BlockQ8_0 const* x, std::int64_t nb) {
@@ -86,16 +74,15 @@ inline float dot_scalar(BlockQ8_0 const* w, BlockQ8_0 const* x, std::int64_t nb)
 inline float dot_scalar(BlockQ4K const* w, BlockQ8K const* x, std::int64_t nb) {
   float sum = 0.0f;
   for (std::int64_t b = 0; b < nb; ++b) {
-    std::uint8_t sm[16];
-    q4_k_unpack_scales(w[b].scales, sm);
     int dot = 0, mins = 0;
     for (int j = 0; j < gguf::kQ4KSubBlocks; ++j) {
       std::uint8_t const* q = w[b].qs + j / 2 * 32;
       int const shift = 4 * (j % 2);
       int s = 0;
       for (int l = 0; l < 32; ++l) s += ((q[l] >> shift) & 0xF) * x[b].qs[32 * j + l];
-      dot += sm[j] * s;
-      mins += sm[8 + j] * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+      gguf::Q4KScaleMin const sm = gguf::q4_k_scale_min(w[b].scales, j);
+      dot += sm.scale * s;
+      mins += sm.min * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
     }
     sum += x[b].d * to_float(w[b].d) * static_cast<float>(dot) -
            x[b].d * to_float(w[b].dmin) * static_cast<float>(mins);
@@ -138,6 +125,12 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void prefetch_next_rows(Block const* block
   for (std::size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
 }
 
+/// Row r of blocks `stride` bytes apart, starting at w.
+template <class Block>
+QFLASH_SIMD_INLINE Block const* row_at(Block const* w, std::int64_t stride, int r) {
+  return reinterpret_cast<Block const*>(reinterpret_cast<std::byte const*>(w) + r * stride);
+}
+
 /// The AVX2 dot products take R weight rows (`stride` bytes apart) against one activation
 /// row and write R sums: each row keeps its own fp32 accumulator vector (independent FMA
 /// chains) and shares the activation loads; the next R rows are prefetched meanwhile.
@@ -147,7 +140,7 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ8_0 const* w, std::int64_t stride, BlockQ
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   __m256i const ones = _mm256_set1_epi16(1);
-  auto row = [&](int r) { return reinterpret_cast<BlockQ8_0 const*>(reinterpret_cast<std::byte const*>(w) + r * stride); };
+  auto row = [&](int r) { return row_at(w, stride, r); };
   for (std::int64_t b = 0; b < nb; ++b) {
     __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs));
     float const dx = avx2_float(x[b].d);
@@ -164,8 +157,8 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ8_0 const* w, std::int64_t stride, BlockQ
   for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
 }
 
-/// q4_k_unpack_scales in registers: 8 scales (bytes 0..7) and 8 mins (bytes 8..15) from the
-/// 12 packed bytes, which are read as 16 (the 4 past them are the block's codes).
+/// gguf::q4_k_scale_min for all 8 sub-blocks in registers: 8 scales (bytes 0..7) and 8 mins
+/// (bytes 8..15) from the 12 packed bytes, which are read as 16 (the 4 past them are codes).
 QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m128i avx2_q4_k_scales(std::uint8_t const* packed) {
   __m128i const w = _mm_loadu_si128(reinterpret_cast<__m128i const*>(packed));  // words w0 w1 w2 -
   __m128i const a = _mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0));               // w0 w2 w1 w2
@@ -187,7 +180,7 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   __m256i const nibble = _mm256_set1_epi8(0x0f);
-  auto row = [&](int r) { return reinterpret_cast<BlockQ4K const*>(reinterpret_cast<std::byte const*>(w) + r * stride); };
+  auto row = [&](int r) { return row_at(w, stride, r); };
   for (std::int64_t b = 0; b < nb; ++b) {
     __m256i scales[R];  // the 8 sub-block scales as int16, in both 128-bit halves
     __m256i dot[R];
@@ -233,7 +226,7 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ6K const* w, std::int64_t stride, BlockQ8
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   __m256i const nibble = _mm256_set1_epi8(0x0f);
   __m256i const two = _mm256_set1_epi8(0x03);
-  auto row = [&](int r) { return reinterpret_cast<BlockQ6K const*>(reinterpret_cast<std::byte const*>(w) + r * stride); };
+  auto row = [&](int r) { return row_at(w, stride, r); };
   for (std::int64_t b = 0; b < nb; ++b) {
     __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].bsums));
     __m256i dot[R];

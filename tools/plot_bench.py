@@ -40,15 +40,20 @@ def read_rows(paths):
     return rows
 
 
-def panel(ax, rows, key, title):
-    groups = list(dict.fromkeys(f"{r['model']}\n{r['format']}" for r in rows))
+def group_of(row, one_model):
+    """A bar group's label: the format, after the model when the results mix models."""
+    return row["format"] if one_model else f"{row['model']}\n{row['format']}"
+
+
+def panel(ax, rows, key, title, one_model):
+    groups = list(dict.fromkeys(group_of(r, one_model) for r in rows))
     series = list(dict.fromkeys((r["test"], r["threads"]) for r in rows))
     width = 0.8 / len(series)
     for i, (test, threads) in enumerate(series):
         xs, ys, errs, notes = [], [], [], []
         for g, group in enumerate(groups):
             for r in rows:
-                if f"{r['model']}\n{r['format']}" == group and (r["test"], r["threads"]) == (test, threads):
+                if group_of(r, one_model) == group and (r["test"], r["threads"]) == (test, threads):
                     xs.append(g - 0.4 + width * (i + 0.5))
                     ys.append(r[key])
                     errs.append(r["stddev_tok_s"])
@@ -75,9 +80,11 @@ def main():
              if any(r.get(key) is not None for r in rows)]
     fig, axes = plt.subplots(len(kinds), 1, figsize=(max(6, 1.8 * len({(r["model"], r["format"]) for r in rows}) + 3),
                                                      4 * len(kinds)), squeeze=False)
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    one_model = len(models) == 1
     for ax, (key, title) in zip(axes[:, 0], kinds):
-        panel(ax, [r for r in rows if r.get(key) is not None], key, title)
-    fig.suptitle("qflash bench")
+        panel(ax, [r for r in rows if r.get(key) is not None], key, title, one_model)
+    fig.suptitle("qflash bench" + (f": {models[0]}" if one_model else ""))
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -91,12 +92,12 @@ TEST_CASE("linear: every ISA path and weight format equals the reference") {
 }
 
 TEST_CASE("linear: 8-bit activations cost at most half a step per value against fp32 ones") {
-  // q8_0 / q4_k / q6_k round each activation to d * q with |x - d q| <= d / 2 (q8_0's fp16 d
+  // q8_0 / q4_k / q6_k / int4 round each activation to d * q with |x - d q| <= d / 2 (q8_0's fp16 d
   // adds up to 127 * 2^-11 d); so |y - y_fp32| <= sum_i |w_i| * bound_i, plus fp32 rounding.
   int const n_tok = 3, n_in = 512, n_out = 6;
   auto x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 5);
   auto wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 6);
-  for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4K, WeightFormat::kQ6K})
+  for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4K, WeightFormat::kQ6K, WeightFormat::kInt4})
     for (auto isa : isas_here()) {
       CAPTURE(to_string(f));
       CAPTURE(to_string(isa));
@@ -108,8 +109,9 @@ TEST_CASE("linear: 8-bit activations cost at most half a step per value against 
       a.y = y.data();
       a.n_tokens = n_tok;
       REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
-      int const block = f == WeightFormat::kQ8_0 ? 32 : 256;
-      double const step_share = f == WeightFormat::kQ8_0 ? 0.5 + 127.0 / 2048 : 0.5;
+      bool const q8_0_blocks = f == WeightFormat::kQ8_0 || f == WeightFormat::kInt4;
+      int const block = q8_0_blocks ? 32 : 256;
+      double const step_share = q8_0_blocks ? 0.5 + 127.0 / 2048 : 0.5;
       std::vector<float> row(static_cast<std::size_t>(n_in));
       bool changed = false;
       for (int o = 0; o < n_out; ++o) {
@@ -138,6 +140,36 @@ TEST_CASE("linear: 8-bit activations cost at most half a step per value against 
     }
 }
 
+TEST_CASE("linear: a token's sums in q8_0 / q4_k / q6_k / int4 do not depend on the tokens beside it") {
+  // Prefill runs several tokens per pass through a weight row, decode one: the integer block
+  // sums and their fp32 order are the same, so a batch gives each token its one-token result.
+  int const n_in = 512, n_out = 7;
+  for (int n_tok : {2, 5, 11})
+    for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4K, WeightFormat::kQ6K, WeightFormat::kInt4})
+      for (auto isa : isas_here()) {
+        CAPTURE(n_tok);
+        CAPTURE(to_string(f));
+        CAPTURE(to_string(isa));
+        auto x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 7);
+        auto wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 8);
+        auto w = encode_matrix(f, wf.data(), n_out, n_in);
+        std::vector<float> batch(static_cast<std::size_t>(n_tok * n_out)), one(batch.size());
+        LinearArgs a{};
+        a.w = w.view;
+        a.x = x.data();
+        a.y = batch.data();
+        a.n_tokens = n_tok;
+        REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+        a.n_tokens = 1;
+        for (int t = 0; t < n_tok; ++t) {
+          a.x = x.data() + t * n_in;
+          a.y = one.data() + t * n_out;
+          REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+        }
+        CHECK(batch == one);
+      }
+}
+
 TEST_CASE("linear: the reference's decoded rows are the format's dequantization") {
   // What the format round trip loses is bounded (numeric tests bound each format); here the
   // decoded matrix must stay near the fp32 one, so a wrong row or block offset shows.
@@ -156,6 +188,32 @@ TEST_CASE("linear: the reference's decoded rows are the format's dequantization"
     CHECK(worst <= 0.07);
   }
 }
+
+#if QFLASH_HAS_X86_SIMD
+TEST_CASE("linear: fp8 rows decoded with AVX2 are dequantize_row's floats, bit for bit") {
+  if (arch::detect_cpu_isa() < arch::CpuIsa::kAvx2) {
+    MESSAGE("skipped: this CPU has no AVX2");
+    return;
+  }
+  auto same_bits = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  // fp8: every byte (subnormals, both zeros, the NaNs), over two 128-column scale tiles.
+  int const cols = 256 + 5;
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(cols));
+  for (int i = 0; i < cols; ++i) codes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 37 % 256);
+  for (int i = 0; i < 256; ++i) codes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
+  std::vector<float> scales{0.75f, 3.0e-3f, 1.5e4f};
+  WeightView fp8{WeightFormat::kFp8E4m3, codes.data(), 1, cols};
+  fp8.scales = scales.data();
+  std::vector<float> want(static_cast<std::size_t>(cols)), got(want.size());
+  dequantize_row(fp8, 0, want.data());
+  cpu::decode_row_avx2(fp8, 0, got.data());
+  for (int i = 0; i < cols; ++i) {
+    CAPTURE(i);
+    float const a = got[static_cast<std::size_t>(i)], b = want[static_cast<std::size_t>(i)];
+    CHECK((same_bits(a, b) || (std::isnan(a) && std::isnan(b))));
+  }
+}
+#endif
 
 TEST_CASE("linear: strided rows and argument checks") {
   std::vector<float> x(2 * 10, 1.0f), w(3 * 8, 0.25f), y(2 * 5, -1.0f);

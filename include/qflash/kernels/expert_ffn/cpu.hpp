@@ -167,7 +167,7 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     s.act_q[k].resize(static_cast<std::size_t>(total * act_q_stride[k]));
     act_q[k] = s.act_q[k].data();
   }
-  if (needs_act_q[1] || needs_act_q[2]) {
+  if (std::any_of(needs_act_q + 1, needs_act_q + kActBlockKinds, [](bool b) { return b; })) {
     parallel_for(0, static_cast<std::int64_t>(s.active.size()), d_ff_max * 4 * std::max<std::int64_t>(1, total / static_cast<std::int64_t>(s.active.size())), [&](std::int64_t i) {
       auto const& e = s.active[static_cast<std::size_t>(i)];
       int const k = static_cast<int>(act_blocks(e.w->down.format));

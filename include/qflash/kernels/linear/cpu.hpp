@@ -4,9 +4,11 @@
 /// whatever the token count (prefill reads the weights once, not once per few tokens).
 /// - f32, bf16, f16: read in place; AVX2 micro-tiles of 4 rows x 3 tokens (12 accumulators),
 ///   every weight load shared by the tile's tokens and every activation load by its rows.
-/// - q8_0, q4_k, q6_k: activations quantized once per call to q8_0 / q8_k blocks (as
-///   llama.cpp does), then integer dot products per block (cpu_quant.hpp).
-/// - fp8_e4m3, int4: each row decoded to fp32 once per call, then shared by every token.
+/// - q8_0, q4_k, q6_k, int4: activations quantized once per call to 8-bit blocks (q8_0 /
+///   q8_k as llama.cpp does; q8_0 pairs for int4), then integer dot products per block
+///   (cpu_quant.hpp): 2 rows per pass for one token, 4 tokens per pass through a row for several.
+/// - fp8_e4m3: rows decoded to fp32 in registers (exactly as dequantize_row), 4 at a time,
+///   once per call, then the float tiles for every token.
 /// AVX-512 machines run the AVX2 paths; without AVX2, scalar code.
 #pragma once
 
@@ -193,70 +195,137 @@ QFLASH_TARGET_AVX2 void float_rows_avx2(LinearRows const& p, std::int64_t o0, st
 QFLASH_SIMD_END
 #endif  // QFLASH_HAS_X86_SIMD
 
-/// Rows [o0, o1) of a projection whose rows are decoded to fp32 first (any format), each
-/// decoded row serving every token.
+#if QFLASH_HAS_X86_SIMD
+QFLASH_SIMD_BEGIN
+
+/// 8 e4m3 bytes as fp32 times `scale`, equal to to_float(Fp8E4m3) * scale: a byte's exponent
+/// and mantissa bits become an fp16's (exponent bias 15 for 7, so the value / 256; e4m3's
+/// subnormals are fp16 subnormals, which F16C converts exactly), and the one e4m3 NaN
+/// pattern an fp16 NaN; `scale256` is 256 * scale, an exact power-of-two product.
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_fp8x8(std::uint8_t const* p, __m256 scale256) {
+  __m128i const b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<__m128i const*>(p)));
+  __m128i const mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+  __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+  h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7c00)));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), scale256);
+}
+
+/// Row r decoded to fp32, equal to dequantize_row: fp8_e4m3 in registers (the bytes `ahead`
+/// further on prefetched meanwhile: rows are too short for the hardware prefetcher to catch
+/// up within one), other formats by dequantize_row.
+QFLASH_TARGET_AVX2 inline void decode_row_avx2(WeightView const& w, std::int64_t r, float* y, std::int64_t ahead = 0) {
+  std::int64_t const n = w.cols, n8 = n / 8 * 8;
+  if (w.format == WeightFormat::kFp8E4m3) {
+    auto const* q = reinterpret_cast<std::uint8_t const*>(w.row(r));
+    float const* scales = w.scale_row(r);
+    for (std::int64_t i = 0; i < n8; i += 8) {  // 8 columns never straddle a 128-column tile
+      if (ahead && i % 64 == 0) _mm_prefetch(reinterpret_cast<char const*>(q + i + ahead), _MM_HINT_T0);
+      _mm256_storeu_ps(y + i, avx2_fp8x8(q + i, _mm256_set1_ps(256.0f * scales[i / kFp8BlockSize])));
+    }
+    for (std::int64_t i = n8; i < n; ++i) y[i] = to_float(Fp8E4m3{q[i]}) * scales[i / kFp8BlockSize];
+    return;
+  }
+  dequantize_row(w, r, y);
+}
+
+QFLASH_SIMD_END
+#endif  // QFLASH_HAS_X86_SIMD
+
+/// Rows [o0, o1) of a projection whose rows are decoded to fp32 first (fp8_e4m3, and any
+/// format an instance does not compile a path for): groups of kTileRows rows decoded once,
+/// then every token.
 inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  float* const decoded = p.w.format == WeightFormat::kF32 ? nullptr : p.scratch->get(static_cast<std::size_t>(p.w.cols));
+  std::int64_t const n = p.w.cols;
+#if QFLASH_HAS_X86_SIMD
+  if (isa >= arch::CpuIsa::kAvx2) {
+    float* const decoded = p.scratch->get(static_cast<std::size_t>(kTileRows * n));
+    std::int64_t const tb = token_block(n * 4, p.n_tokens);
+    for (std::int64_t o = o0; o < o1; o += kTileRows) {
+      int const nr = static_cast<int>(std::min<std::int64_t>(kTileRows, o1 - o));
+      for (int r = 0; r < nr; ++r) decode_row_avx2(p.w, o + r, decoded + r * n, kTileRows * p.w.row_bytes());
+      for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb)
+        float_group_avx2<float>(p, decoded, o, nr, b0, std::min(p.n_tokens, b0 + tb));
+    }
+    return;
+  }
+#endif
+  (void)isa;
+  float* const decoded = p.w.format == WeightFormat::kF32 ? nullptr : p.scratch->get(static_cast<std::size_t>(n));
   for (std::int64_t o = o0; o < o1; ++o) {
     float const* row = decoded;
     if (p.w.format == WeightFormat::kF32)
       row = reinterpret_cast<float const*>(p.w.row(o));
     else
       dequantize_row(p.w, o, decoded);
-#if QFLASH_HAS_X86_SIMD
-    if (isa >= arch::CpuIsa::kAvx2) {
-      LinearRows one = p;
-      one.w = WeightView{WeightFormat::kF32, row, 1, p.w.cols};
-      one.y = p.y + o;
-      float_rows_avx2<float>(one, 0, 1);
-      continue;
-    }
-#endif
-    for (std::int64_t t = 0; t < p.n_tokens; ++t) store_dot(p, t, o, dot_scalar(p.x_row(t), row, p.w.cols));
+    for (std::int64_t t = 0; t < p.n_tokens; ++t) store_dot(p, t, o, dot_scalar(p.x_row(t), row, n));
   }
 }
 
 #if QFLASH_HAS_X86_SIMD
 QFLASH_SIMD_BEGIN
-/// Rows [o0, o1) of a q8_0 / q4_k / q6_k projection (WB its block, XB the activations'),
-/// kQuantRows rows per pass.
+/// Tokens a quantized weight row is multiplied into per pass when there are several.
+inline constexpr int kQuantTokens = 4;
+
+/// Tokens [b0, b1) through row o, kQuantTokens per pass (dot_tokens_avx2).
+template <class WB, class XB>
+QFLASH_TARGET_AVX2 void quant_row_tokens_avx2(LinearRows const& p, std::int64_t o, std::int64_t nb, std::int64_t b0,
+                                              std::int64_t b1) {
+  auto const* row = reinterpret_cast<WB const*>(p.w.row(o));
+  for (std::int64_t t = b0; t < b1; t += kQuantTokens) {
+    int const nt = static_cast<int>(std::min<std::int64_t>(kQuantTokens, b1 - t));
+    XB const* x[kQuantTokens];
+    for (int k = 0; k < nt; ++k) x[k] = reinterpret_cast<XB const*>(p.xq_row(t + k));
+    float out[kQuantTokens];
+    switch (nt) {
+      case 1: dot_tokens_avx2<1>(row, x, nb, out); break;
+      case 2: dot_tokens_avx2<2>(row, x, nb, out); break;
+      case 3: dot_tokens_avx2<3>(row, x, nb, out); break;
+      default: dot_tokens_avx2<kQuantTokens>(row, x, nb, out); break;
+    }
+    for (int k = 0; k < nt; ++k) store_dot(p, t + k, o, out[k]);
+  }
+}
+
+/// Rows [o0, o1) of a q8_0 / q4_k / q6_k / int4 projection (WB its block, XB the
+/// activations'): one token goes through kQuantRows rows per pass (decode: the weights stream from memory,
+/// the next rows prefetched); several go kQuantTokens per pass through each row (prefill:
+/// each block unpacked once for them). Both give a token the same sums, bit for bit.
 template <class WB, class XB>
 QFLASH_TARGET_AVX2 void quant_rows_avx2(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   constexpr int kQuantRows = 2;
-  std::int64_t const nb = p.w.cols / block_values(p.w.format);
+  std::int64_t const nb = act_row_blocks(act_blocks(p.w.format), p.w.cols);
   std::int64_t const stride = p.w.row_bytes();
   std::int64_t const tb = std::max<std::int64_t>(1, token_block(p.xq_stride, p.n_tokens));
   for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
     std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
-    std::int64_t o = o0;
-    for (; o < o1; o += kQuantRows) {
+    if (b1 - b0 > 1) {
+      for (std::int64_t o = o0; o < o1; ++o) quant_row_tokens_avx2<WB, XB>(p, o, nb, b0, b1);
+      continue;
+    }
+    for (std::int64_t o = o0; o < o1; o += kQuantRows) {
       int const nr = static_cast<int>(std::min<std::int64_t>(kQuantRows, o1 - o));
       auto const* rows = reinterpret_cast<WB const*>(p.w.row(o));
-      for (std::int64_t t = b0; t < b1; ++t) {
-        auto const* x = reinterpret_cast<XB const*>(p.xq_row(t));
-        float out[kQuantRows];
-        switch (nr) {
-          case 1: dot_avx2<1>(rows, stride, x, nb, out); break;
-          case 2: dot_avx2<2>(rows, stride, x, nb, out); break;
-          case 3: dot_avx2<3>(rows, stride, x, nb, out); break;
-          default: dot_avx2<kQuantRows>(rows, stride, x, nb, out); break;
-        }
-        for (int r = 0; r < nr; ++r) store_dot(p, t, o + r, out[r]);
-      }
+      auto const* x = reinterpret_cast<XB const*>(p.xq_row(b0));
+      float out[kQuantRows];
+      if (nr == 1)
+        dot_avx2<1>(rows, stride, x, nb, out);
+      else
+        dot_avx2<kQuantRows>(rows, stride, x, nb, out);
+      for (int r = 0; r < nr; ++r) store_dot(p, b0, o + r, out[r]);
     }
   }
 }
 QFLASH_SIMD_END
 #endif  // QFLASH_HAS_X86_SIMD
 
-/// Rows [o0, o1) of a q8_0 / q4_k / q6_k projection (WB its block, XB the activations').
+/// Rows [o0, o1) of a q8_0 / q4_k / q6_k / int4 projection (WB its block, XB the activations').
 template <class WB, class XB>
 void quant_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
 #if QFLASH_HAS_X86_SIMD
   if (isa >= arch::CpuIsa::kAvx2) return quant_rows_avx2<WB, XB>(p, o0, o1);
 #endif
   (void)isa;
-  std::int64_t const nb = p.w.cols / block_values(p.w.format);
+  std::int64_t const nb = act_row_blocks(act_blocks(p.w.format), p.w.cols);
   for (std::int64_t o = o0; o < o1; ++o) {
     auto const* row = reinterpret_cast<WB const*>(p.w.row(o));
     for (std::int64_t t = 0; t < p.n_tokens; ++t)
@@ -280,6 +349,8 @@ void linear_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::in
     if (f == WeightFormat::kQ4K) return quant_rows<BlockQ4K, BlockQ8K>(isa, p, o0, o1);
   if constexpr (compiles<F>(WeightFormat::kQ6K))
     if (f == WeightFormat::kQ6K) return quant_rows<BlockQ6K, BlockQ8K>(isa, p, o0, o1);
+  if constexpr (compiles<F>(WeightFormat::kInt4))
+    if (f == WeightFormat::kInt4) return quant_rows<BlockInt4G128, ActQ8Pair>(isa, p, o0, o1);
 #if QFLASH_HAS_X86_SIMD
   if (isa >= arch::CpuIsa::kAvx2) {
     if constexpr (compiles<F>(WeightFormat::kF32))

@@ -1,7 +1,9 @@
 /// @file
 /// Integer dot products of GGUF weight rows with activations quantized to 8-bit blocks, as
 /// llama.cpp computes them: q8_0 weights pair with q8_0 activations (blocks of 32), q4_k and
-/// q6_k with q8_k (blocks of 256 with sums of 16). Within a block the sum is exact int32;
+/// q6_k with q8_k (blocks of 256 with sums of 16); int4 (scale * code + min per group of 128)
+/// with q8_0 blocks laid out as its nibbles are (ActQ8Pair) and each group's activation sum
+/// for the min term. Within a block the sum is exact int32;
 /// blocks combine in fp32, so the scalar and AVX2 paths differ only in the order of those
 /// fp32 adds. Against fp32 activations the result differs by the activations' rounding:
 /// |x - d q| <= d / 2 per value (+ d's own fp16 rounding for q8_0), see act_error_bound.
@@ -12,6 +14,7 @@
 
 #include "qflash/kernels/common/cpu_simd.hpp"
 #include "qflash/numeric/gguf_blocks.hpp"
+#include "qflash/numeric/int4.hpp"
 #include "qflash/numeric/weight_format.hpp"
 
 namespace qflash::kernels::cpu {
@@ -21,15 +24,29 @@ using gguf::BlockQ6K;
 using gguf::BlockQ8_0;
 using gguf::BlockQ8K;
 
+/// Activations for int4 rows, per 64 values: two q8_0 blocks of 32 (rounded as
+/// gguf::quantize_q8_0_activations; past the row's end, zeros), the even values first and
+/// then the odd ones, the order of an int4 byte's low and high nibbles, so that 128-bit half
+/// h of `even` and `odd` holds block h; `d` holds block 0's scale 4 times, then block 1's.
+/// An int4 activation row is ceil(n / 64) pairs, then one float per group of 128 values:
+/// the sum of its d * q, for the groups' min term.
+struct ActQ8Pair {
+  std::int8_t even[32];  ///< values 0, 2, ..., 62
+  std::int8_t odd[32];   ///< values 1, 3, ..., 63
+  float d[8];
+};
+inline constexpr int kPairValues = 64;
+
 /// The blocks activations are quantized to for a weight format's dot products.
-enum class ActBlocks : int { kNone = 0, kQ8_0 = 1, kQ8K = 2 };
-inline constexpr int kActBlockKinds = 3;
+enum class ActBlocks : int { kNone = 0, kQ8_0 = 1, kQ8K = 2, kQ8Pairs = 3 };
+inline constexpr int kActBlockKinds = 4;
 
 constexpr ActBlocks act_blocks(WeightFormat f) {
   switch (f) {
     case WeightFormat::kQ8_0: return ActBlocks::kQ8_0;
     case WeightFormat::kQ4K:
     case WeightFormat::kQ6K: return ActBlocks::kQ8K;
+    case WeightFormat::kInt4: return ActBlocks::kQ8Pairs;
     default: return ActBlocks::kNone;
   }
 }
@@ -37,26 +54,72 @@ constexpr ActBlocks act_blocks(WeightFormat f) {
 /// True for the formats whose rows are multiplied by quantized activations.
 constexpr bool uses_quantized_activations(WeightFormat f) { return act_blocks(f) != ActBlocks::kNone; }
 
+/// Activation blocks (q8_0 / q8_k blocks, or pairs) of a row of n values.
+constexpr std::int64_t act_row_blocks(ActBlocks k, std::int64_t n) {
+  switch (k) {
+    case ActBlocks::kQ8_0: return n / gguf::kQ8_0BlockSize;
+    case ActBlocks::kQ8K: return n / gguf::kQ4KBlockSize;
+    case ActBlocks::kQ8Pairs: return (n + kPairValues - 1) / kPairValues;
+    case ActBlocks::kNone: return 0;
+  }
+  return 0;
+}
+
 /// Bytes of one row of n activations quantized to `k` (0 for kNone).
 constexpr std::int64_t act_row_bytes(ActBlocks k, std::int64_t n) {
   switch (k) {
-    case ActBlocks::kQ8_0: return n / gguf::kQ8_0BlockSize * std::int64_t{sizeof(BlockQ8_0)};
-    case ActBlocks::kQ8K: return n / gguf::kQ4KBlockSize * std::int64_t{sizeof(BlockQ8K)};
+    case ActBlocks::kQ8_0: return act_row_blocks(k, n) * std::int64_t{sizeof(BlockQ8_0)};
+    case ActBlocks::kQ8K: return act_row_blocks(k, n) * std::int64_t{sizeof(BlockQ8K)};
+    case ActBlocks::kQ8Pairs:
+      return act_row_blocks(k, n) * std::int64_t{sizeof(ActQ8Pair)} +
+             (n + kInt4GroupSize - 1) / kInt4GroupSize * std::int64_t{sizeof(float)};
     case ActBlocks::kNone: return 0;
   }
   return 0;
 }
 constexpr std::int64_t act_row_bytes(WeightFormat f, std::int64_t n) { return act_row_bytes(act_blocks(f), n); }
 
-/// Quantizes one row of n activations (a whole number of blocks) to `k`.
+/// The group sums after an int4 activation row's n_pairs pairs.
+inline float const* group_sums(ActQ8Pair const* x, std::int64_t n_pairs) {
+  return reinterpret_cast<float const*>(x + n_pairs);
+}
+
+/// Quantizes one row of n activations for int4 rows (ActQ8Pair).
+inline void quantize_pair_activations(float const* x, std::int64_t n, std::byte* out) {
+  auto* pairs = reinterpret_cast<ActQ8Pair*>(out);
+  std::int64_t const n_pairs = act_row_blocks(ActBlocks::kQ8Pairs, n);
+  auto* sums = reinterpret_cast<float*>(pairs + n_pairs);
+  for (std::int64_t g = 0; g * kInt4GroupSize < n; ++g) sums[g] = 0.0f;
+  for (std::int64_t b = 0; b < 2 * n_pairs; ++b) {
+    float block[gguf::kQ8_0BlockSize] = {};
+    for (std::int64_t i = 0; i < gguf::kQ8_0BlockSize && b * gguf::kQ8_0BlockSize + i < n; ++i)
+      block[i] = x[b * gguf::kQ8_0BlockSize + i];
+    gguf::BlockQ8_0 const q = gguf::quantize_q8_0_activations(block);
+    ActQ8Pair& pair = pairs[b / 2];
+    int const half = static_cast<int>(b % 2);
+    int sum = 0;
+    for (int i = 0; i < gguf::kQ8_0BlockSize; ++i) {
+      int const v = 32 * half + i;  // the value's place among the pair's 64
+      (v % 2 == 0 ? pair.even : pair.odd)[v / 2] = q.qs[i];
+      sum += q.qs[i];
+    }
+    float const d = to_float(q.d);
+    for (int l = 0; l < 4; ++l) pair.d[4 * half + l] = d;
+    if (b * gguf::kQ8_0BlockSize < n) sums[b * gguf::kQ8_0BlockSize / kInt4GroupSize] += d * static_cast<float>(sum);
+  }
+}
+
+/// Quantizes one row of n activations (for kQ8_0 / kQ8K a whole number of blocks) to `k`.
 inline void quantize_activations(ActBlocks k, float const* x, std::int64_t n, std::byte* out) {
   if (k == ActBlocks::kQ8_0) {
     auto* blocks = reinterpret_cast<BlockQ8_0*>(out);
     for (std::int64_t b = 0; b < n / gguf::kQ8_0BlockSize; ++b)
       blocks[b] = gguf::quantize_q8_0_activations(x + b * gguf::kQ8_0BlockSize);
-  }
-  else if (k == ActBlocks::kQ8K)
+  } else if (k == ActBlocks::kQ8K) {
     gguf::quantize_row_q8_k(x, static_cast<std::size_t>(n), reinterpret_cast<BlockQ8K*>(out));
+  } else if (k == ActBlocks::kQ8Pairs) {
+    quantize_pair_activations(x, n, out);
+  }
 }
 
 // ---- scalar -------------------------------------------------------------------------------
@@ -102,6 +165,23 @@ inline float dot_scalar(BlockQ6K const* w, BlockQ8K const* x, std::int64_t nb) {
     sum += x[b].d * to_float(w[b].d) * static_cast<float>(dot);
   }
   return sum;
+}
+
+/// int4 rows against ActQ8Pair activations: per group, scale * sum(code * d q) + min * sum(d q).
+inline float dot_scalar(BlockInt4G128 const* w, ActQ8Pair const* x, std::int64_t n_pairs) {
+  float const* sums = group_sums(x, n_pairs);
+  float sum = 0.0f, mins = 0.0f;
+  for (std::int64_t j = 0; j < n_pairs; ++j) {
+    BlockInt4G128 const& g = w[j / 2];
+    int block[2] = {0, 0};
+    for (int k = 0; k < 32; ++k) {
+      int const v = kPairValues * static_cast<int>(j % 2) + 2 * k;
+      block[k / 16] += int4_g128_code(g, v) * x[j].even[k] + int4_g128_code(g, v + 1) * x[j].odd[k];
+    }
+    sum += to_float(g.scale) * (x[j].d[0] * static_cast<float>(block[0]) + x[j].d[4] * static_cast<float>(block[1]));
+    if (j % 2 == 1 || j == n_pairs - 1) mins += to_float(g.min) * sums[j / 2];
+  }
+  return sum + mins;
 }
 
 // ---- AVX2 ---------------------------------------------------------------------------------
@@ -270,6 +350,184 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ6K const* w, std::int64_t stride, BlockQ8
     }
   }
   for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
+}
+
+/// int4: code nibbles as they lie (low = even values, high = odd) against ActQ8Pair
+/// activations; the two blocks of a pair stay apart in the two 128-bit halves.
+template <int R>
+QFLASH_TARGET_AVX2 void dot_avx2(BlockInt4G128 const* w, std::int64_t stride, ActQ8Pair const* x, std::int64_t n_pairs,
+                                 float* out) {
+  __m256 acc[R];
+  float mins[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    mins[r] = 0.0f;
+  }
+  __m256i const nibble = _mm256_set1_epi8(0x0f);
+  __m256i const ones = _mm256_set1_epi16(1);
+  float const* sums = group_sums(x, n_pairs);
+  auto row = [&](int r) { return row_at(w, stride, r); };
+  for (std::int64_t j = 0; j < n_pairs; ++j) {
+    __m256i const xe = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[j].even));
+    __m256i const xo = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[j].odd));
+    __m256 const dx = _mm256_loadu_ps(x[j].d);
+    bool const group_end = j % 2 == 1 || j == n_pairs - 1;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockInt4G128 const& g = row(r)[j / 2];
+      if (j % 2 == 0) prefetch_next_rows<R>(&g, stride);
+      __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(g.qs + 32 * (j % 2)));
+      __m256i const lo = _mm256_and_si256(q, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+      // codes <= 15: a pair of products <= 3810, two pairs fit int16
+      __m256i const s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
+      __m256 const scale = _mm256_mul_ps(dx, _mm256_set1_ps(avx2_float(g.scale)));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), scale, acc[r]);
+      if (group_end) mins[r] += avx2_float(g.min) * sums[j / 2];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]) + mins[r];
+}
+
+// ---- AVX2, several tokens per weight row (prefill) --------------------------------------
+// One weight row against NT activation rows: each weight block is unpacked once (codes,
+// scales, signs) and multiplied into the NT tokens. Per (row, token) the operations and their
+// order are dot_avx2's, so a token's result does not depend on how many share its call.
+
+template <int NT>
+QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ8_0 const* w, BlockQ8_0 const* const* x, std::int64_t nb, float* out) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  __m256i const ones = _mm256_set1_epi16(1);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    __m256i const wq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(w[b].qs));
+    __m256i const w_abs = _mm256_sign_epi8(wq, wq);
+    float const dw = avx2_float(w[b].d);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs));
+      __m256i const s = avx2_dot_u8s8(w_abs, _mm256_sign_epi8(xq, wq), ones);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * avx2_float(x[t][b].d)), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]);
+}
+
+template <int NT>
+QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ4K const* w, BlockQ8K const* const* x, std::int64_t nb, float* out) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  __m256i const nibble = _mm256_set1_epi8(0x0f);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    BlockQ4K const& wb = w[b];
+    __m128i const packed = avx2_q4_k_scales(wb.scales);
+    __m256i const scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
+    __m128i const m8 = _mm_unpackhi_epi64(packed, packed);
+    __m256i const m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    float const d = avx2_float(wb.d), dmin = avx2_float(wb.dmin);
+    __m256i dot[NT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].bsums));
+      __m256 const mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
+      acc[t] = _mm256_fnmadd_ps(mins, _mm256_set1_ps(x[t][b].d * dmin), acc[t]);
+      dot[t] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 1
+    for (int p = 0; p < 4; ++p) {
+      __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qs + 32 * p));
+      __m256i const lo = _mm256_and_si256(q, nibble);
+      __m256i const hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+      __m256i const scale_lo = _mm256_shuffle_epi8(scales, avx2_broadcast16_mask(2 * p));
+      __m256i const scale_hi = _mm256_shuffle_epi8(scales, avx2_broadcast16_mask(2 * p + 1));
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        __m256i const x_lo = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs + 64 * p));
+        __m256i const x_hi = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs + 64 * p + 32));
+        dot[t] = _mm256_add_epi32(dot[t], avx2_dot_u8s8(lo, x_lo, scale_lo));
+        dot[t] = _mm256_add_epi32(dot[t], avx2_dot_u8s8(hi, x_hi, scale_hi));
+      }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_set1_ps(x[t][b].d * d), acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]);
+}
+
+template <int NT>
+QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ6K const* w, BlockQ8K const* const* x, std::int64_t nb, float* out) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  __m256i const nibble = _mm256_set1_epi8(0x0f);
+  __m256i const two = _mm256_set1_epi8(0x03);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    BlockQ6K const& wb = w[b];
+    __m256i dot[NT];
+    for (int t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      __m256i const l0 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h));
+      __m256i const l1 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h + 32));
+      __m256i const qh = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qh + 32 * h));
+      __m256i const codes[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4))};
+      for (int k = 0; k < 4; ++k) {
+        int const g = 8 * h + 2 * k;
+        __m256i const scale = _mm256_setr_m128i(_mm_set1_epi16(wb.scales[g]), _mm_set1_epi16(wb.scales[g + 1]));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+          __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs + 128 * h + 32 * k));
+          dot[t] = _mm256_add_epi32(dot[t], avx2_dot_u8s8(codes[k], xq, scale));
+        }
+      }
+    }
+    __m256i const sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<__m128i const*>(wb.scales)));
+    float const d = avx2_float(wb.d);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].bsums));
+      __m256i const total = _mm256_sub_epi32(dot[t], _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(x[t][b].d * d), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]);
+}
+
+template <int NT>
+QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockInt4G128 const* w, ActQ8Pair const* const* x, std::int64_t n_pairs,
+                                        float* out) {
+  __m256 acc[NT];
+  float mins[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    mins[t] = 0.0f;
+  }
+  __m256i const nibble = _mm256_set1_epi8(0x0f);
+  __m256i const ones = _mm256_set1_epi16(1);
+  for (std::int64_t j = 0; j < n_pairs; ++j) {
+    BlockInt4G128 const& g = w[j / 2];
+    __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(g.qs + 32 * (j % 2)));
+    __m256i const lo = _mm256_and_si256(q, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+    __m256 const gs = _mm256_set1_ps(avx2_float(g.scale));
+    bool const group_end = j % 2 == 1 || j == n_pairs - 1;
+    float const gm = avx2_float(g.min);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      ActQ8Pair const& a = x[t][j];
+      __m256i const s16 =
+          _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<__m256i const*>(a.even))),
+                           _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<__m256i const*>(a.odd))));
+      __m256 const scale = _mm256_mul_ps(_mm256_loadu_ps(a.d), gs);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), scale, acc[t]);
+      if (group_end) mins[t] += gm * group_sums(x[t], n_pairs)[j / 2];
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]) + mins[t];
 }
 
 QFLASH_SIMD_END

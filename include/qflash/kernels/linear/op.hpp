@@ -2,10 +2,10 @@
 /// Dense projection of a batch of token rows by a weight matrix stored [out, in] (PyTorch
 /// order):  y[t, o] = sum_i x[t, i] * W[o, i]   (+ y[t, o] when accumulate).
 /// Activations are fp32; W is in any WeightFormat (numeric/weight_format.hpp), decoded as it
-/// is read, with the format dispatched once per call; sums are fp32. With q8_0, q4_k and
-/// q6_k weights the activations are first rounded to 8-bit blocks, as llama.cpp does
-/// (q8_0 blocks of 32, q8_k blocks of 256; ref::round_activations), so that the products are
-/// integer dot products.
+/// is read, with the format dispatched once per call; sums are fp32. With q8_0, q4_k, q6_k
+/// and int4 weights the activations are first rounded to 8-bit blocks, as llama.cpp does
+/// (q8_0 blocks of 32, for int4 too; q8_k blocks of 256; ref::round_activations), so that
+/// the products are integer dot products.
 #pragma once
 
 #include <cstdint>

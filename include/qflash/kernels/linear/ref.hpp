@@ -14,11 +14,18 @@
 namespace qflash::kernels::ref {
 
 /// Rounds n activations in place to what a projection by format f multiplies: unchanged, or
-/// for q8_0 (blocks of 32) / q4_k and q6_k (q8_k blocks of 256) the dequantized 8-bit blocks.
+/// for q8_0 and int4 (blocks of 32; int4's last one may be short) / q4_k and q6_k (q8_k
+/// blocks of 256) the dequantized 8-bit blocks.
 inline void round_activations(WeightFormat f, float* x, std::int64_t n) {
-  if (f == WeightFormat::kQ8_0) {
-    for (std::int64_t b = 0; b + gguf::kQ8_0BlockSize <= n; b += gguf::kQ8_0BlockSize)
-      gguf::dequantize_q8_0(gguf::quantize_q8_0_activations(x + b), x + b);
+  if (f == WeightFormat::kQ8_0 || f == WeightFormat::kInt4) {
+    for (std::int64_t b = 0; b < n; b += gguf::kQ8_0BlockSize) {
+      if (f == WeightFormat::kQ8_0 && b + gguf::kQ8_0BlockSize > n) break;
+      float block[gguf::kQ8_0BlockSize] = {};
+      std::int64_t const len = std::min<std::int64_t>(gguf::kQ8_0BlockSize, n - b);
+      std::copy_n(x + b, len, block);
+      gguf::dequantize_q8_0(gguf::quantize_q8_0_activations(block), block);
+      std::copy_n(block, len, x + b);
+    }
   } else if (f == WeightFormat::kQ4K || f == WeightFormat::kQ6K) {
     for (std::int64_t b = 0; b + gguf::kQ4KBlockSize <= n; b += gguf::kQ4KBlockSize) {
       gguf::BlockQ8K const q = gguf::quantize_q8_k(x + b);

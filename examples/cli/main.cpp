@@ -21,6 +21,7 @@
 
 #include "args.hpp"
 #include "bench.hpp"
+#include "budget.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/gguf_config.hpp"
 #include "qflash/io/hf_config.hpp"
@@ -428,6 +429,10 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "prefill and decode tok/s like llama-bench, with the decode roofline "
                                             "(bytes per token, read bandwidth measured in the same run)");
   cli::add_bench_options(bench, bench_opts);
+  cli::BudgetOptions budget_opts;
+  auto* budget = app.add_subcommand("budget", "plan memory: weights, KV per context, DeltaNet state per sequence, "
+                                              "scratch, and how many sequences fit (config.json is enough)");
+  cli::add_budget_options(budget, budget_opts);
 
   std::string const usage_hint = "Run 'qflash --help' (or 'qflash COMMAND --help') for the options.";
   try {
@@ -482,6 +487,7 @@ int main(int argc, char** argv) {
     if (*logits) return cmd_logits(common, ids, output, incremental);
     if (*ppl) return cmd_perplexity(common, text_path, context);
     if (*bench) return cli::cmd_bench(bench_opts);
+    if (*budget) return cli::cmd_budget(budget_opts);
   } catch (UsageError const& e) {
     std::fprintf(stderr, "qflash: error: %s\n%s\n", printable(e.what()).c_str(), usage_hint.c_str());
     return cli::kExitUsageError;

@@ -267,7 +267,7 @@ case $case in
     expect_err "error: -ngl: qflash does not split layers between CPU and GPU.*--device"
     run frobnicate --model "$tiny"
     expect_rc 2
-    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, bench\)"
+    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, bench, budget\)"
     run --version
     expect_rc 0
     expect_out "^qflash [0-9]+\.[0-9]+\.[0-9]+"
@@ -427,6 +427,44 @@ PY
     "$script" --llama-bench "$tmp/none" --gguf "$gguf" >"$tmp/out" 2>"$tmp/err"; echo $? >"$tmp/rc"
     expect_rc 1
     expect_err "side_by_side: no llama-bench at '.*none'.*neither downloads nor builds llama.cpp"
+    ;;
+  budget_qwen36)  # MODELS.md §6: 20,480 B/token of bf16 KV in 10 of 40 layers, 62.8 MiB of state
+    run budget --model "$fixtures/qwen3_6_35b_a3b_config" --weights q4_k_m -c 4096,32768 --memory 24GiB
+    expect_rc 0
+    expect_out "KV bf16:bf16: 20480 bytes/token \(10 of 40 layers hold KV, 2 KV heads x 256\); DeltaNet state 62\.8[0-9] MiB per sequence"
+    expect_out "^\| 4096 \| 80\.00 MiB \| 62\.8[0-9] MiB \| [0-9.]+ GiB \| [0-9.]+ GiB \| [0-9]+ \|$"
+    expect_out "^\| 32768 \| 640\.00 MiB \|"
+    run budget --preset qwen3_6_35b_a3b --kv int6 -c 4096
+    expect_rc 0
+    expect_out "KV int6:int6: 8320 bytes/token"
+    run budget --preset qwen3_6_35b_a3b --kv bf16:int6 -c 4096 --seqs 4
+    expect_rc 0
+    expect_out "KV bf16:int6: 14400 bytes/token"
+    expect_out "total, 4 seqs"
+    ;;
+  budget_tiny)  # a small memory: negative headroom and no sequence fits, stated, not an error
+    run budget --model "$tiny" -c 256 --memory 1KiB
+    expect_rc 0
+    expect_out "^\| 256 \| .* \| -[0-9.]+ [KM]iB \| 0 \|$"
+    ;;
+  budget_bad_input)
+    run budget --model "$tiny" --memory 24XB
+    expect_rc 2
+    expect_err "error: --memory: '24XB' is not a memory size \(expected e\.g\. 24GiB"
+    run budget --model "$tiny" --kv int5
+    expect_rc 2
+    expect_err "error: --kv: unknown KV format 'int5' \(expected one of: bf16, fp8_e4m3, int8, int6\)"
+    run budget --model "$tiny" --kv bf16:
+    expect_rc 2
+    expect_err "error: --kv: unknown KV format ''"
+    run budget --model "$tiny" --preset qwen3_6_35b_a3b
+    expect_rc 2
+    expect_err "error: --preset and --model exclude each other"
+    run budget --preset qwen3_8b
+    expect_rc 2
+    expect_err "error: --preset: unknown synthetic preset 'qwen3_8b'"
+    run budget --model "$tiny" -c 0
+    expect_rc 2
     ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac

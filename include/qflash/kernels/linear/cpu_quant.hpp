@@ -299,13 +299,28 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
   for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]);
 }
 
+/// Half h of a q6_k block as 4 vectors of unsigned codes q + 32 (0..63): vector k holds
+/// values 128h + 32k + l, l = 0..31.
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void avx2_q6_k_codes(BlockQ6K const& wb, int h, __m256i* codes) {
+  __m256i const nibble = _mm256_set1_epi8(0x0f);
+  __m256i const two = _mm256_set1_epi8(0x03);
+  __m256i const l0 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h));
+  __m256i const l1 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h + 32));
+  __m256i const qh = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qh + 32 * h));
+  codes[0] = _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
+  codes[1] = _mm256_or_si256(_mm256_and_si256(l1, nibble),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4));
+  codes[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4));
+  codes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
+}
+
 template <int R>
 QFLASH_TARGET_AVX2 void dot_avx2(BlockQ6K const* w, std::int64_t stride, BlockQ8K const* x, std::int64_t nb,
                                  float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  __m256i const nibble = _mm256_set1_epi8(0x0f);
-  __m256i const two = _mm256_set1_epi8(0x03);
   auto row = [&](int r) { return row_at(w, stride, r); };
   for (std::int64_t b = 0; b < nb; ++b) {
     __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].bsums));
@@ -321,18 +336,8 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ6K const* w, std::int64_t stride, BlockQ8
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         BlockQ6K const& wb = row(r)[b];
-        __m256i const l0 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h));
-        __m256i const l1 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h + 32));
-        __m256i const qh = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qh + 32 * h));
-        // Quarter k of the half: values 128h + 32k + l, unsigned codes q + 32 in 0..63.
-        __m256i const codes[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
-            _mm256_or_si256(_mm256_and_si256(l1, nibble),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4))};
+        __m256i codes[4];
+        avx2_q6_k_codes(wb, h, codes);
         for (int k = 0; k < 4; ++k) {
           int const g = 8 * h + 2 * k;  // the quarter's two sub-blocks of 16
           __m256i const scale = _mm256_setr_m128i(_mm_set1_epi16(wb.scales[g]), _mm_set1_epi16(wb.scales[g + 1]));
@@ -458,24 +463,13 @@ template <int NT>
 QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ6K const* w, BlockQ8K const* const* x, std::int64_t nb, float* out) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  __m256i const nibble = _mm256_set1_epi8(0x0f);
-  __m256i const two = _mm256_set1_epi8(0x03);
   for (std::int64_t b = 0; b < nb; ++b) {
     BlockQ6K const& wb = w[b];
     __m256i dot[NT];
     for (int t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
-      __m256i const l0 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h));
-      __m256i const l1 = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.ql + 64 * h + 32));
-      __m256i const qh = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qh + 32 * h));
-      __m256i const codes[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
-          _mm256_or_si256(_mm256_and_si256(l1, nibble),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4))};
+      __m256i codes[4];
+      avx2_q6_k_codes(wb, h, codes);
       for (int k = 0; k < 4; ++k) {
         int const g = 8 * h + 2 * k;
         __m256i const scale = _mm256_setr_m128i(_mm_set1_epi16(wb.scales[g]), _mm_set1_epi16(wb.scales[g + 1]));

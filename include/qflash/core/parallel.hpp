@@ -183,6 +183,7 @@ class ThreadPool {
       return;
     }
     remaining_.store(static_cast<std::uint32_t>(n_), std::memory_order_relaxed);
+    preempted_.store(false, std::memory_order_relaxed);  // only this region's workers count
     std::uint64_t const e = ++last_epoch_;
     epoch_.store(e, std::memory_order_release);
     // An RMW, so that notify's check for sleepers cannot be ordered before the bump.

@@ -235,13 +235,3 @@ TEST_CASE("a worker descheduled mid-chunk: the next regions run on the caller al
   CHECK(slot == std::vector<int>{0, 0, 0, 0, 0, 1, 1, 1, 1, 1});
   set_max_threads(1);  // a new pool for the next test, not one that runs alone
 }
-
-TEST_CASE("uneven chunks alone do not make the caller run alone") {
-  DefaultThreadsAfter restore;
-  set_max_threads(2);
-  for (int round = 0; round < 5; ++round)
-    parallel_for(0, 2, [](std::int64_t i) {
-      std::this_thread::sleep_for(i == 1 ? 5 * detail::kStragglerNs : detail::kStragglerNs / 4);
-    });
-  CHECK_FALSE(detail::pool_state().pool->solo());
-}

@@ -200,10 +200,7 @@ class ThreadPool {
       if (done - own_done > kStragglerNs && preempted_.exchange(false, std::memory_order_relaxed)) {
         bool const again = done - solo_until_ < solo_ns_;
         solo_ns_ = again ? std::min(2 * solo_ns_, kSoloMaxNs) : kSoloMinNs;
-        solo_until_ = done + solo_ns_;
-        QFLASH_LOG_DEBUG("thread pool: waited ", std::chrono::duration<double, std::milli>(done - own_done).count(),
-                         " ms for a descheduled worker (another process on its core); running alone for ",
-                         std::chrono::duration<double, std::milli>(solo_ns_).count(), " ms");
+        solo_until_ = done + solo_ns_;  // (no log line: a decode step allocates nothing)
       }
     }
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));

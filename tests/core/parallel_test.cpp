@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -200,38 +199,4 @@ TEST_CASE("parallel_slot is the item's chunk, whichever thread runs it; SlotScra
     CHECK(buffer[4] != buffer[7]);
   }
   CHECK(parallel_slot() == 0);
-}
-
-TEST_CASE("a worker descheduled mid-chunk: the next regions run on the caller alone, as their slots") {
-  DefaultThreadsAfter restore;
-  set_max_threads(2);
-  // Busy threads on every CPU, so that the worker's long chunk is descheduled; the caller's
-  // chunk is short, but long enough for the worker to wake and take its own.
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> busy;
-  for (int i = 0; i < 2 * available_cpus(); ++i)
-    busy.emplace_back([&stop] {
-      while (!stop.load(std::memory_order_relaxed)) detail::cpu_relax();
-    });
-  auto spin_for = [](std::chrono::nanoseconds d) {
-    auto const until = std::chrono::steady_clock::now() + d;
-    while (std::chrono::steady_clock::now() < until) detail::cpu_relax();
-  };
-  bool solo = false;
-  for (int attempt = 0; attempt < 30 && !solo; ++attempt) {
-    parallel_for(0, 2, [&](std::int64_t i) { spin_for(i == 1 ? 20 * detail::kStragglerNs : detail::kStragglerNs / 4); });
-    solo = detail::pool_state().pool->solo();
-  }
-  stop = true;
-  for (auto& t : busy) t.join();
-  REQUIRE(solo);
-  std::vector<std::thread::id> who(10);
-  std::vector<int> slot(10, -1);
-  parallel_for(0, 10, [&](std::int64_t i) {
-    who[static_cast<std::size_t>(i)] = std::this_thread::get_id();
-    slot[static_cast<std::size_t>(i)] = parallel_slot();
-  });
-  CHECK(std::all_of(who.begin(), who.end(), [](std::thread::id id) { return id == std::this_thread::get_id(); }));
-  CHECK(slot == std::vector<int>{0, 0, 0, 0, 0, 1, 1, 1, 1, 1});
-  set_max_threads(1);  // a new pool for the next test, not one that runs alone
 }

@@ -8,9 +8,6 @@
 /// caller waiting for them. Each region is split into one contiguous chunk per thread; a thread
 /// that finishes its chunk runs the chunks no thread has started yet, so a descheduled worker
 /// delays a region only by the chunk it is in the middle of, never by one it has not begun.
-/// When a worker is descheduled mid-chunk and the caller waits for it (another process holds
-/// its core, kStragglerNs), the caller runs regions alone for a while (kSoloMinNs to
-/// kSoloMaxNs), then tries the workers again.
 ///
 /// One region runs at a time: a second thread calling parallel_for waits for the running region
 /// to end (regions last microseconds to milliseconds), so the process never runs more threads
@@ -38,7 +35,6 @@
 
 #if defined(__linux__)
 #include <sched.h>
-#include <sys/resource.h>
 #endif
 
 #include "qflash/core/error.hpp"
@@ -82,21 +78,6 @@ bool spin_until(Done&& done) noexcept {
   }
 }
 
-/// A chunk that takes this long asks whether its thread was descheduled against its will
-/// meanwhile (was_preempted), and a caller that waits this long for a worker whose thread was
-/// has met another process holding that core: the region waited for the worker's next time
-/// slice. Long waits alone do not tell, uneven chunks give them too.
-inline constexpr std::chrono::nanoseconds kStragglerNs{1'000'000};
-
-/// After such a region the caller runs regions alone for a while, then tries the workers
-/// again: kSoloMinNs after a first such region, twice as long each time the workers are
-/// found descheduled again soon after (a process that keeps a core), up to kSoloMaxNs.
-/// (Default model, 2 threads beside a busy process: 1034 tok/s waiting for descheduled
-/// workers, against 2134 on 1 thread; a kernel thread that runs now and then should cost
-/// little.)
-inline constexpr std::chrono::nanoseconds kSoloMinNs{10'000'000};
-inline constexpr std::chrono::nanoseconds kSoloMaxNs{200'000'000};
-
 /// The first and one-past-last index of chunk `c` of [begin, end) split into `n` contiguous
 /// chunks, the first (len % n) one longer (OpenMP's schedule(static)).
 inline std::pair<std::int64_t, std::int64_t> chunk_bounds(std::int64_t begin, std::int64_t end,
@@ -106,27 +87,10 @@ inline std::pair<std::int64_t, std::int64_t> chunk_bounds(std::int64_t begin, st
   return {lo, lo + q + (c < r ? 1 : 0)};
 }
 
-/// True when this thread was descheduled against its will since it last asked (Linux: its
-/// involuntary context switches went up); false on its first call and where that is unknown.
-inline bool was_preempted() {
-#if defined(__linux__)
-  thread_local long last = -1;
-  rusage usage{};
-  if (getrusage(RUSAGE_THREAD, &usage) != 0) return false;
-  bool const more = last >= 0 && usage.ru_nivcsw > last;
-  last = usage.ru_nivcsw;
-  return more;
-#else
-  return false;
-#endif
-}
-
 /// True on pool workers always, and on a caller while it runs a region.
 inline thread_local bool t_in_parallel_region = false;
 /// The chunk this thread runs (parallel_slot()).
 inline thread_local int t_slot = 0;
-/// True on pool workers.
-inline thread_local bool t_worker = false;
 
 /// Threads waiting for regions. Region protocol, for epoch e (starting at 1):
 /// - the caller writes the job, sets remaining_ = n, publishes epoch_ = e, bumps wake_;
@@ -164,9 +128,7 @@ class ThreadPool {
   [[nodiscard]] int size() const noexcept { return n_; }
 
   /// Calls fn(i) for i in [begin, end), one chunk per thread; rethrows the first exception.
-  /// Only one thread at a time may call run. While another process holds a worker's core
-  /// (kStragglerNs), the caller runs the chunks alone for a while (kSoloMinNs..kSoloMaxNs);
-  /// either way each chunk has its slot.
+  /// Only one thread at a time may call run.
   template <class Fn>
   void run(std::int64_t begin, std::int64_t end, Fn& fn) {
     begin_ = begin;
@@ -177,13 +139,7 @@ class ThreadPool {
       for (std::int64_t i = lo; i < hi; ++i) f(i);
     };
     error_ = nullptr;
-    if (std::chrono::steady_clock::now() < solo_until_) {
-      for (int c = 0; c < n_; ++c) run_chunk(c);
-      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-      return;
-    }
     remaining_.store(static_cast<std::uint32_t>(n_), std::memory_order_relaxed);
-    preempted_.store(false, std::memory_order_relaxed);  // only this region's workers count
     std::uint64_t const e = ++last_epoch_;
     epoch_.store(e, std::memory_order_release);
     // An RMW, so that notify's check for sleepers cannot be ordered before the bump.
@@ -191,23 +147,13 @@ class ThreadPool {
     wake_.notify_all();
 
     run_chunks(e, 0);
-    auto const own_done = std::chrono::steady_clock::now();
     auto const finished = [this] { return remaining_.load(std::memory_order_acquire) == 0; };
     if (!spin_until(finished)) {
       for (std::uint32_t r; (r = remaining_.load(std::memory_order_acquire)) != 0;)
         remaining_.wait(r, std::memory_order_acquire);
-      auto const done = std::chrono::steady_clock::now();
-      if (done - own_done > kStragglerNs && preempted_.exchange(false, std::memory_order_relaxed)) {
-        bool const again = done - solo_until_ < solo_ns_;
-        solo_ns_ = again ? std::min(2 * solo_ns_, kSoloMaxNs) : kSoloMinNs;
-        solo_until_ = done + solo_ns_;  // (no log line: a decode step allocates nothing)
-      }
     }
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
-
-  /// True while regions run on the caller alone (a worker's core was taken).
-  [[nodiscard]] bool solo() const { return std::chrono::steady_clock::now() < solo_until_; }
 
  private:
   struct alignas(64) Tag {
@@ -223,33 +169,23 @@ class ThreadPool {
           !tags_[static_cast<std::size_t>(c)].epoch.compare_exchange_strong(
               expected, e, std::memory_order_acquire, std::memory_order_relaxed))
         continue;
-      run_chunk(c);
+      auto const [lo, hi] = chunk_bounds(begin_, end_, n_, c);
+      if (lo < hi) {
+        t_slot = c;
+        try {
+          invoke_(ctx_, lo, hi);
+        } catch (...) {
+          std::lock_guard lock(error_mutex_);
+          if (!error_) error_ = std::current_exception();
+        }
+        t_slot = 0;
+      }
       if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining_.notify_one();
     }
   }
 
-  /// Runs chunk c of the job as slot c, keeping the first exception; a long chunk on a
-  /// worker notes whether the worker was descheduled meanwhile.
-  void run_chunk(int c) {
-    auto const [lo, hi] = chunk_bounds(begin_, end_, n_, c);
-    if (lo >= hi) return;
-    auto const start = std::chrono::steady_clock::now();
-    t_slot = c;
-    try {
-      invoke_(ctx_, lo, hi);
-    } catch (...) {
-      std::lock_guard lock(error_mutex_);
-      if (!error_) error_ = std::current_exception();
-    }
-    t_slot = 0;
-    if (t_worker && std::chrono::steady_clock::now() - start > kStragglerNs && was_preempted())
-      preempted_.store(true, std::memory_order_relaxed);
-  }
-
   void worker_loop(int t) {
     t_in_parallel_region = true;
-    t_worker = true;
-    (void)was_preempted();  // the baseline
     std::uint32_t seen = 0;
     for (;;) {
       auto const woken = [&] { return wake_.load(std::memory_order_acquire) != seen; };
@@ -274,9 +210,6 @@ class ThreadPool {
   std::exception_ptr error_;
   std::mutex error_mutex_;
   std::uint64_t last_epoch_ = 0;  // the caller's copy of epoch_
-  std::chrono::steady_clock::time_point solo_until_{};  // regions run on the caller until then
-  std::chrono::nanoseconds solo_ns_ = kSoloMinNs;        // how long the last solo spell was
-  std::atomic<bool> preempted_{false};  // a worker was descheduled in a long chunk
 
   alignas(64) std::atomic<std::uint64_t> epoch_{0};
   std::atomic<bool> stop_{false};

@@ -141,19 +141,23 @@ Status attention(arch::CpuIsa isa, AttentionArgs const& a) {
   int const group = a.n_head / a.n_head_kv;
   std::int64_t const n_items = a.n_tokens * a.n_head;
   parallel_for(0, n_items, 2 * a.n_ctx * d, [&](std::int64_t item) {
-    std::int64_t const t = item / a.n_head;
+    // A causal row costs as many keys as it sees: rows go t = 0, n-1, 1, n-2, ..., so every
+    // contiguous chunk of items (one per thread) holds about the same work.
+    std::int64_t const fold = item / a.n_head;
+    std::int64_t const t = fold % 2 == 0 ? fold / 2 : a.n_tokens - 1 - fold / 2;
     int const h = static_cast<int>(item % a.n_head);
+    std::int64_t const row = t * a.n_head + h;
     int const kv = h / group;
     AttentionItem it{};
     it.n_keys = a.n_ctx - a.n_tokens + t + 1;
-    it.q = a.q + item * d;
+    it.q = a.q + row * d;
     it.k = a.k + kv * d;
     it.v = a.v + kv * d;
     it.kv_stride = std::int64_t{a.n_head_kv} * d;
     it.d = d;
     it.scale = a.scale;
     it.gate = a.gate ? a.gate + t * a.gate_token_stride + h * gate_hs : nullptr;
-    it.out = a.out + item * d;
+    it.out = a.out + row * d;
 #if QFLASH_HAS_X86_SIMD
     if (isa >= arch::CpuIsa::kAvx2 && d % 8 == 0) return attention_item_avx2(it);
 #endif

@@ -109,6 +109,20 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       "decode_tok_s x bytes_per_token / bandwidth. peak_rss_bytes excludes the bandwidth probe's buffer.");
 }
 
+/// "1.50 GiB", "12.00 MiB", "3.5 KiB", "512 B": the CLI's one way to print a byte count.
+inline std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
+  else if (b >= 1024.0)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
 /// Checks that `path` names a model and reads its config (cheap: no weights), so flags that
 /// depend on the model are checked before it is loaded.
 inline model::ModelConfig peek_config(std::string const& path) {
@@ -144,17 +158,6 @@ inline Stats stats_of(std::vector<double> const& v) {
 /// "1 thread", "2 threads".
 inline std::string count_of(int n, std::string const& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
-}
-
-inline std::string human_bytes(double b) {
-  char buf[32];
-  if (b >= 1024.0 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
-  else
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  return buf;
 }
 
 /// The process's peak resident memory (getrusage) leaving out the read-bandwidth probe: before

@@ -108,7 +108,7 @@ inline void add_budget_options(CLI::App* cmd, BudgetOptions& o) {
       "activations of one prefill chunk plus one logits row.");
 }
 
-inline std::string signed_bytes(double b) { return (b < 0 ? "-" : "") + bench_detail::human_bytes(std::fabs(b)); }
+inline std::string signed_bytes(double b) { return (b < 0 ? "-" : "") + human_bytes(std::fabs(b)); }
 
 inline int cmd_budget(BudgetOptions const& o) {
   bool const from_preset = o.preset_flag->count() > 0;
@@ -135,22 +135,18 @@ inline int cmd_budget(BudgetOptions const& o) {
       io::GgufFile const file(o.model);
       weight_bytes = static_cast<std::int64_t>(file.bytes().size() - file.data_offset());
     } else {
-      WeightFormat const stored = cfg.dtype == DType::kBF16  ? WeightFormat::kBf16
-                                  : cfg.dtype == DType::kF16 ? WeightFormat::kF16
-                                                             : WeightFormat::kF32;
-      weight_bytes = runtime::plan_weights(cfg, scheme, stored).total_bytes();
+      weight_bytes = runtime::plan_weights(cfg, scheme, runtime::stored_format(cfg)).total_bytes();
     }
   }
   auto const plan = runtime::plan_memory(cfg, weight_bytes, kv, o.chunk);
-  auto const hb = [](double b) { return bench_detail::human_bytes(b); };
 
   std::printf("%s: weights %s (%s), scratch %s (estimate, %lld-token chunks)\n", name.c_str(),
-              hb(static_cast<double>(plan.weights)).c_str(), o.weights.c_str(),
-              hb(static_cast<double>(plan.scratch)).c_str(), o.chunk);
+              human_bytes(static_cast<double>(plan.weights)).c_str(), o.weights.c_str(),
+              human_bytes(static_cast<double>(plan.scratch)).c_str(), o.chunk);
   std::printf("KV %s:%s: %lld bytes/token (%d of %d layers hold KV, %d KV heads x %d); DeltaNet state %s per sequence\n",
               std::string(to_string(kv.k)).c_str(), std::string(to_string(kv.v)).c_str(),
               static_cast<long long>(plan.kv_per_token), cfg.n_layer_of(model::LayerKind::kFullAttention), cfg.n_layer,
-              cfg.n_head_kv, cfg.d_head, hb(static_cast<double>(plan.state_per_sequence)).c_str());
+              cfg.n_head_kv, cfg.d_head, human_bytes(static_cast<double>(plan.state_per_sequence)).c_str());
   std::printf("\n| context | KV / seq | state / seq | total, %lld seq%s |%s\n", o.seqs, o.seqs == 1 ? "" : "s",
               memory ? " headroom | seqs that fit |" : "");
   std::printf("| ------: | -------: | ----------: | ------: |%s\n", memory ? " -------: | ------------: |" : "");
@@ -158,8 +154,8 @@ inline int cmd_budget(BudgetOptions const& o) {
     if (ctx > cfg.max_position_embeddings)
       QFLASH_LOG_WARN("context ", ctx, " is above the model's limit of ", cfg.max_position_embeddings, " tokens");
     std::int64_t const total = plan.total(ctx, o.seqs);
-    std::printf("| %lld | %s | %s | %s |", ctx, hb(static_cast<double>(plan.kv_bytes(ctx))).c_str(),
-                hb(static_cast<double>(plan.state_per_sequence)).c_str(), hb(static_cast<double>(total)).c_str());
+    std::printf("| %lld | %s | %s | %s |", ctx, human_bytes(static_cast<double>(plan.kv_bytes(ctx))).c_str(),
+                human_bytes(static_cast<double>(plan.state_per_sequence)).c_str(), human_bytes(static_cast<double>(total)).c_str());
     if (memory)
       std::printf(" %s | %lld |", signed_bytes(static_cast<double>(memory - total)).c_str(),
                   static_cast<long long>(plan.sequences_that_fit(ctx, memory)));

@@ -43,6 +43,7 @@
 namespace {
 
 using namespace qflash;
+using cli::human_bytes;
 using cli::UsageError;
 
 struct CommonOptions {
@@ -142,19 +143,6 @@ std::string human_count(double n) {
   return buf;
 }
 
-std::string human_bytes(double b) {
-  char buf[32];
-  if (b >= 1024.0 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
-  else if (b >= 1024.0)
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  else
-    std::snprintf(buf, sizeof buf, "%.0f B", b);
-  return buf;
-}
-
 /// Matrix bytes per format: one line each, then the total.
 void print_weight_bytes(char const* label, std::map<WeightFormat, std::int64_t> const& bytes, std::int64_t extra) {
   std::int64_t total = extra;
@@ -220,11 +208,8 @@ int cmd_inspect(CommonOptions const& o, bool verbose, bool check_weights) {
                 human_bytes(static_cast<double>(cfg.linear_state_bytes_per_sequence(DType::kF32, DType::kF32))).c_str());
   std::string const label = "resident (" + std::string(runtime::to_string(scheme)) + ")";
   if (!gguf) {
-    // From the config alone, which says the stored dtype (f32 when absent, as PyTorch's default).
-    WeightFormat const stored = cfg.dtype == DType::kBF16 ? WeightFormat::kBf16
-                                : cfg.dtype == DType::kF16 ? WeightFormat::kF16
-                                                           : WeightFormat::kF32;
-    auto const plan = runtime::plan_weights(cfg, scheme, stored);
+    // From the config alone (runtime::stored_format).
+    auto const plan = runtime::plan_weights(cfg, scheme, runtime::stored_format(cfg));
     print_weight_bytes(label.c_str(), plan.bytes, plan.vector_bytes);
   }
   // A GGUF file's formats are per tensor: bind it (mapped, converted only if --weights asks).

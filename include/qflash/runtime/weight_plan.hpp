@@ -119,6 +119,12 @@ struct WeightPlan {
   }
 };
 
+/// The format a config says its checkpoint's matrices are stored in (its torch_dtype; f32
+/// when absent, PyTorch's default): what plan_weights takes as `stored` without the files.
+inline WeightFormat stored_format(model::ModelConfig const& c) {
+  return c.dtype == DType::kBF16 ? WeightFormat::kBf16 : c.dtype == DType::kF16 ? WeightFormat::kF16 : WeightFormat::kF32;
+}
+
 /// Bytes of one [rows, cols] matrix in format f, as bound (fp8 with its fp32 scale grid).
 constexpr std::int64_t matrix_bytes(WeightFormat f, std::int64_t rows, std::int64_t cols) {
   std::int64_t b = rows * row_bytes(f, cols);

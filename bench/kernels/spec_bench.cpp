@@ -10,6 +10,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "qflash/kernels/add_rmsnorm/cpu.hpp"
@@ -17,6 +18,7 @@
 #include "qflash/kernels/gdn_gates/cpu.hpp"
 #include "qflash/kernels/qk_norm_rope/cpu.hpp"
 #include "qflash/kernels/router_topk/cpu.hpp"
+#include "qflash/kv/layer_cache.hpp"
 #include "qflash/spec/presets.hpp"
 
 using namespace qflash;
@@ -90,10 +92,12 @@ void BM_attention_decode(benchmark::State& st) {
   auto v = values(static_cast<std::size_t>(ctx * KV * D));
   auto gate = values(static_cast<std::size_t>(H * D));
   std::vector<float> out(q.size());
+  KvFormat const f = kKvFormats[static_cast<std::size_t>(st.range(1))].first;
+  kv::LayerCache cache(KV, D, kv::KvFormats{f, f}, ctx);
+  cache.append(k.data(), v.data(), ctx);
   AttentionArgs a{};
   a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
+  a.kv = cache.view();
   a.out = out.data();
   a.n_tokens = 1;
   a.n_ctx = ctx;
@@ -105,6 +109,8 @@ void BM_attention_decode(benchmark::State& st) {
   a.gate_token_stride = H * D;
   for (auto _ : st) benchmark::DoNotOptimize(launch_attention<S>(arch::Cpu{}, a));
   st.SetItemsProcessed(st.iterations() * ctx);
+  st.SetBytesProcessed(st.iterations() * ctx * KV * 2 * kv_head_bytes(f, D));
+  st.SetLabel(std::string(to_string(f)));
 }
 
 template <MoeSpec S>
@@ -156,8 +162,9 @@ BENCHMARK(BM_router_topk<kQ36>)->Name("router_topk/static")->Arg(1)->Arg(512);
 BENCHMARK(BM_router_topk<spec::generic>)->Name("router_topk/generic")->Arg(1)->Arg(512);
 BENCHMARK(BM_qk_norm_rope<kQ36>)->Name("qk_norm_rope/static")->Arg(1)->Arg(512);
 BENCHMARK(BM_qk_norm_rope<spec::generic>)->Name("qk_norm_rope/generic")->Arg(1)->Arg(512);
-BENCHMARK(BM_attention_decode<kQ36>)->Name("attention_decode/static")->Arg(4096);
-BENCHMARK(BM_attention_decode<spec::generic>)->Name("attention_decode/generic")->Arg(4096);
+// Args: context, KV format (index into kKvFormats: f32, bf16, fp8_e4m3, int8, int6).
+BENCHMARK(BM_attention_decode<kQ36>)->Name("attention_decode/static")->ArgsProduct({{4096}, {0, 1, 2, 3, 4}});
+BENCHMARK(BM_attention_decode<spec::generic>)->Name("attention_decode/generic")->Args({4096, 0});
 BENCHMARK(BM_add_rmsnorm<kQ36>)->Name("add_rmsnorm/static")->Arg(1)->Arg(512);
 BENCHMARK(BM_add_rmsnorm<spec::generic>)->Name("add_rmsnorm/generic")->Arg(1)->Arg(512);
 BENCHMARK(BM_gdn_gates<kQ36>)->Name("gdn_gates/static")->Arg(512);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "kv_option.hpp"
 #include "qflash/core/log.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/gguf_config.hpp"
@@ -49,7 +50,8 @@ struct BenchOptions {
   std::string synthetic;  ///< a preset name (runtime::kSyntheticPresets)
   int layers = 0, vocab = 0;
   std::string weights = "auto";
-  std::vector<int> n_prompt{512}, n_gen{128}, threads;
+  std::vector<int> n_prompt{512}, n_gen{128}, n_depth{0}, threads;
+  std::string kv = "f32";
   int repetitions = 5;
   bool json = false, no_verify = false;
   std::string plot;
@@ -88,6 +90,12 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->delimiter(',')
       ->check(integer_in(0))
       ->capture_default_str();
+  cmd->add_option("-d,--n-depth", o.n_depth,
+                  "context already in the KV cache before each test, e.g. 0,4096 (filled untimed, as llama-bench)")
+      ->delimiter(',')
+      ->check(integer_in(0))
+      ->capture_default_str();
+  add_kv_option(cmd, o.kv);
   cmd->add_option("-t,--threads", o.threads, "thread counts to bench, e.g. 1,2 (default: one per physical core)")
       ->delimiter(',')
       ->check(integer_in(1));
@@ -102,9 +110,11 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
   cmd->add_flag("--no-verify", o.no_verify, "skip checking the files against the model's SHA256SUMS");
   cmd->footer(
       "Tests: pp<P> is one forward of P tokens on a fresh sequence, tg<N> is N single-token steps from an empty one "
-      "(as llama-bench). bytes_per_token counts the weight matrices a decoded token reads: attention / Gated DeltaNet "
-      "projections, the router, n_expert_used routed experts at the layer's mean expert size, the shared expert, "
-      "lm_head and one embedding row; KV cache and DeltaNet state reads (and norm vectors) are not counted. "
+      "(as llama-bench); with -d D both start from a sequence holding D tokens (\"@ dD\"). bytes_per_token counts the "
+      "weight matrices a decoded token reads: attention / Gated DeltaNet projections, the router, n_expert_used "
+      "routed experts at the layer's mean expert size, the shared expert, lm_head and one embedding row, plus the KV "
+      "a decode step reads at the test's mean context (depth + (n+1)/2) in the --kv formats; DeltaNet state reads (and "
+      "norm vectors) are not counted. "
       "bandwidth_gbs is the read bandwidth measured in the same run with the same threads; roofline_fraction = "
       "decode_tok_s x bytes_per_token / bandwidth. peak_rss_bytes excludes the bandwidth probe's buffer.");
 }
@@ -192,7 +202,7 @@ class PeakRss {
 /// One test's result: the row of the table and the JSON object.
 struct Row {
   std::string test;
-  int threads = 0, n_prompt = 0, n_gen = 0;
+  int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;
   std::vector<double> samples;  // tok/s of each repetition
   double bandwidth_gbs = 0;
   std::int64_t peak_rss = 0;
@@ -200,9 +210,15 @@ struct Row {
 
 /// What every row shares.
 struct Context {
-  std::string model, format;
+  std::string model, format, kv;
   int n_layer = 0, vocab = 0, repetitions = 0;
-  std::int64_t model_bytes = 0, bytes_per_token = 0;
+  std::int64_t model_bytes = 0, bytes_per_token = 0;  ///< weights a decoded token reads
+  std::int64_t kv_bytes_per_position = 0;              ///< K and V of every layer, one position
+  /// What a decode step of row r reads: the weights and the KV at its mean context (the
+  /// steps see depth + 1 ... depth + n_gen positions).
+  [[nodiscard]] std::int64_t bytes_read(Row const& r) const {
+    return bytes_per_token + (r.n_gen > 0 ? (2 * std::int64_t{r.n_depth} + r.n_gen + 1) * kv_bytes_per_position / 2 : 0);
+  }
 };
 
 inline nlohmann::ordered_json to_json(Context const& c, Row const& r) {
@@ -214,19 +230,21 @@ inline nlohmann::ordered_json to_json(Context const& c, Row const& r) {
   j["n_layer"] = c.n_layer;
   j["vocab"] = c.vocab;
   j["model_bytes"] = c.model_bytes;
+  j["kv"] = c.kv;
   j["threads"] = r.threads;
   j["test"] = r.test;
   j["n_prompt"] = r.n_prompt;
   j["n_gen"] = r.n_gen;
+  j["n_depth"] = r.n_depth;
   j["repetitions"] = c.repetitions;
   j["prefill_tok_s"] = decode ? nlohmann::ordered_json() : nlohmann::ordered_json(s.mean);
   j["decode_tok_s"] = decode ? nlohmann::ordered_json(s.mean) : nlohmann::ordered_json();
   j["stddev_tok_s"] = s.stddev;
   j["samples_tok_s"] = r.samples;
-  j["bytes_per_token"] = c.bytes_per_token;
+  j["bytes_per_token"] = c.bytes_read(r);
   j["bandwidth_gbs"] = r.bandwidth_gbs;
   j["roofline_fraction"] =
-      decode ? nlohmann::ordered_json(runtime::roofline_fraction(s.mean, c.bytes_per_token, r.bandwidth_gbs))
+      decode ? nlohmann::ordered_json(runtime::roofline_fraction(s.mean, c.bytes_read(r), r.bandwidth_gbs))
              : nlohmann::ordered_json();
   j["peak_rss_bytes"] = r.peak_rss;
   return j;
@@ -244,11 +262,11 @@ inline void print_table_row(Context const& c, Row const& r) {
   Stats const s = stats_of(r.samples);
   char tps[48], roof[16] = "-";
   std::snprintf(tps, sizeof tps, "%.2f ± %.2f", s.mean, s.stddev);
-  if (r.n_gen > 0) std::snprintf(roof, sizeof roof, "%.2f", runtime::roofline_fraction(s.mean, c.bytes_per_token, r.bandwidth_gbs));
+  if (r.n_gen > 0) std::snprintf(roof, sizeof roof, "%.2f", runtime::roofline_fraction(s.mean, c.bytes_read(r), r.bandwidth_gbs));
   // "±" is two bytes: one more column of padding keeps the table aligned.
   std::printf("| %-36s | %-14s | %10s | %7d | %7s | %21s | %11s | %9.1f | %8s | %10s |\n", c.model.c_str(),
               c.format.c_str(), human_bytes(static_cast<double>(c.model_bytes)).c_str(), r.threads, r.test.c_str(),
-              tps, human_bytes(static_cast<double>(c.bytes_per_token)).c_str(), r.bandwidth_gbs, roof,
+              tps, human_bytes(static_cast<double>(c.bytes_read(r))).c_str(), r.bandwidth_gbs, roof,
               human_bytes(static_cast<double>(r.peak_rss)).c_str());
   std::fflush(stdout);
 }
@@ -287,10 +305,25 @@ inline std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, int n, int 
   return ids;
 }
 
-/// tok/s of one prefill: a forward of `tokens` on a fresh sequence, logits of the last token.
+/// A sequence in `kv` formats already holding `depth` (filled in chunks of 512, untimed), with
+/// blocks reserved for `more` tokens after them.
 template <class Model>
-double time_prefill(Model& m, std::vector<std::int32_t> const& tokens, std::vector<float>& logits) {
-  auto state = m.new_sequence();
+model::SequenceState filled_sequence(Model& m, kv::KvFormats kv, std::vector<std::int32_t> const& depth, int more,
+                                     std::vector<float>& logits) {
+  auto state = m.new_sequence(kv);
+  state.reserve(static_cast<std::int64_t>(depth.size()) + more);
+  for (std::size_t b = 0; b < depth.size(); b += 512) {
+    std::span<std::int32_t const> const part(depth.data() + b, std::min<std::size_t>(512, depth.size() - b));
+    model::SequenceChunk const chunk{part, &state};
+    m.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  }
+  return state;
+}
+
+/// tok/s of one prefill: a forward of `tokens` on `state`, logits of the last token.
+template <class Model>
+double time_prefill(Model& m, model::SequenceState& state, std::vector<std::int32_t> const& tokens,
+                    std::vector<float>& logits) {
   model::SequenceChunk const chunk{tokens, &state};
   auto const t0 = std::chrono::steady_clock::now();
   m.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
@@ -298,10 +331,10 @@ double time_prefill(Model& m, std::vector<std::int32_t> const& tokens, std::vect
   return static_cast<double>(tokens.size()) / secs;
 }
 
-/// tok/s of decoding: one single-token step per id of `tokens`, from an empty sequence.
+/// tok/s of decoding: one single-token step per id of `tokens` on `state`.
 template <class Model>
-double time_decode(Model& m, std::vector<std::int32_t> const& tokens, std::vector<float>& logits) {
-  auto state = m.new_sequence();
+double time_decode(Model& m, model::SequenceState& state, std::vector<std::int32_t> const& tokens,
+                   std::vector<float>& logits) {
   auto const t0 = std::chrono::steady_clock::now();
   for (std::int32_t id : tokens) {
     model::SequenceChunk const chunk{std::span(&id, 1), &state};
@@ -356,10 +389,13 @@ inline int cmd_bench(BenchOptions o) {
   } else {
     cfg = peek_config(o.model);
   }
+  kv::KvFormats const kv = parse_kv_option(o.kv);
+  int const max_depth = *std::max_element(o.n_depth.begin(), o.n_depth.end());
   for (auto const* list : {&o.n_prompt, &o.n_gen})
     for (int n : *list)
-      if (n > cfg.max_position_embeddings)
-        throw UsageError(std::string(list == &o.n_prompt ? "-p" : "-n") + " " + std::to_string(n) +
+      if (std::int64_t{n} + max_depth > cfg.max_position_embeddings)
+        throw UsageError(std::string(list == &o.n_prompt ? "-p " : "-n ") + std::to_string(n) +
+                         (max_depth > 0 ? " after -d " + std::to_string(max_depth) : std::string()) +
                          " is above the model's limit of " + std::to_string(cfg.max_position_embeddings) +
                          " tokens (max_position_embeddings)");
   std::string python, plot_script;
@@ -400,6 +436,8 @@ inline int cmd_bench(BenchOptions o) {
   Context ctx;
   ctx.model = model_label(o, cfg);
   ctx.format = format_label(loaded);
+  ctx.kv = kv::to_string(kv);
+  ctx.kv_bytes_per_position = kv::KvMap::uniform(cfg, kv).bytes_per_token(cfg.d_head);
   ctx.n_layer = cfg.n_layer;
   ctx.vocab = cfg.vocab;
   ctx.repetitions = o.repetitions;
@@ -438,22 +476,27 @@ inline int cmd_bench(BenchOptions o) {
       std::fprintf(stderr, "bench: read bandwidth %.1f GB/s (%s, %s loads over %s)\n", bw.gbs,
                    count_of(bw.threads, "thread").c_str(), std::string(arch::to_string(bw.isa)).c_str(),
                    human_bytes(static_cast<double>(bw.buffer_bytes)).c_str());
-      auto run_test = [&](std::string const& name, int n_prompt, int n_gen) {
+      auto run_test = [&](std::string name, int n_prompt, int n_gen, int depth) {
+        if (depth > 0) name += " @ d" + std::to_string(depth);
         std::fprintf(stderr, "bench: %s, %s: warm-up and %s\n", name.c_str(), count_of(t, "thread").c_str(),
                      count_of(o.repetitions, "run").c_str());
-        Row r{name, t, n_prompt, n_gen, {}, bw.gbs, 0};
+        Row r{name, t, n_prompt, n_gen, depth, {}, bw.gbs, 0};
         int const n = n_prompt > 0 ? n_prompt : n_gen;
+        auto const context = random_tokens(rng, depth, cfg.vocab);
         auto once = [&](int tokens) {
           auto const ids = random_tokens(rng, tokens, cfg.vocab);
-          return n_prompt > 0 ? time_prefill(m, ids, logits) : time_decode(m, ids, logits);
+          auto state = filled_sequence(m, kv, context, tokens, logits);
+          return n_prompt > 0 ? time_prefill(m, state, ids, logits) : time_decode(m, state, ids, logits);
         };
         (void)once(n_prompt > 0 ? n : 1);  // warm-up: llama-bench's (the whole prompt; one decode step)
         for (int i = 0; i < o.repetitions; ++i) r.samples.push_back(once(n));
         r.peak_rss = peak.bytes();
         emit(r);
       };
-      for (int p : o.n_prompt) run_test("pp" + std::to_string(p), p, 0);
-      for (int n : o.n_gen) run_test("tg" + std::to_string(n), 0, n);
+      for (int d : o.n_depth) {
+        for (int p : o.n_prompt) run_test("pp" + std::to_string(p), p, 0, d);
+        for (int n : o.n_gen) run_test("tg" + std::to_string(n), 0, n, d);
+      }
     }
   });
 

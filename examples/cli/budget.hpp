@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "kv_option.hpp"
 #include "qflash/io/gguf.hpp"
-#include "qflash/numeric/kv_format.hpp"
 #include "qflash/runtime/memory_plan.hpp"
 #include "qflash/runtime/synthetic.hpp"
 #include "qflash/runtime/weight_plan.hpp"
@@ -61,20 +61,6 @@ inline std::int64_t parse_byte_size(std::string const& text, char const* flag) {
                    "' is not a memory size (expected e.g. 24GiB, 16GB, 512MiB or a byte count)");
 }
 
-/// "bf16" (K and V alike) or "K:V" such as "bf16:int6".
-inline runtime::KvFormats parse_kv_formats(std::string const& text) {
-  try {
-    auto const colon = text.find(':');
-    if (colon == std::string::npos) {
-      KvFormat const f = parse_kv_format(text);
-      return {f, f};
-    }
-    return {parse_kv_format(text.substr(0, colon)), parse_kv_format(text.substr(colon + 1))};
-  } catch (Error const& e) {
-    throw UsageError(std::string("--kv: ") + e.what());
-  }
-}
-
 inline void add_budget_options(CLI::App* cmd, BudgetOptions& o) {
   o.model_flag = cmd->add_option("-m,--model", o.model,
                                  "Hugging Face model directory (config.json is enough) or llama.cpp .gguf file "
@@ -87,8 +73,7 @@ inline void add_budget_options(CLI::App* cmd, BudgetOptions& o) {
                   "weight format in memory, as for 'qflash run' (auto: as stored; a preset is stored in bf16)")
       ->check(CLI::IsMember(schemes))
       ->capture_default_str();
-  cmd->add_option("--kv", o.kv, "KV cache format of keys and values: bf16, fp8_e4m3, int8, int6, or K:V (e.g. bf16:int6)")
-      ->capture_default_str();
+  add_kv_option(cmd, o.kv);
   cmd->add_option("-c,--context", o.contexts, "context lengths in tokens, e.g. 4096,32768")
       ->delimiter(',')
       ->check(CLI::Range(1LL, 1LL << 40))
@@ -114,7 +99,7 @@ inline int cmd_budget(BudgetOptions const& o) {
   bool const from_preset = o.preset_flag->count() > 0;
   if (from_preset && o.model_flag->count() > 0) throw UsageError("--preset and --model exclude each other");
   std::int64_t const memory = o.memory.empty() ? 0 : parse_byte_size(o.memory, "--memory");
-  runtime::KvFormats const kv = parse_kv_formats(o.kv);
+  kv::KvFormats const kv = parse_kv_option(o.kv);
   runtime::WeightScheme const scheme = runtime::parse_weight_scheme(o.weights);
 
   model::ModelConfig cfg;
@@ -138,13 +123,13 @@ inline int cmd_budget(BudgetOptions const& o) {
       weight_bytes = runtime::plan_weights(cfg, scheme, runtime::stored_format(cfg)).total_bytes();
     }
   }
-  auto const plan = runtime::plan_memory(cfg, weight_bytes, kv, o.chunk);
+  auto const plan = runtime::plan_memory(cfg, weight_bytes, kv::KvMap::uniform(cfg, kv), o.chunk);
 
   std::printf("%s: weights %s (%s), scratch %s (estimate, %lld-token chunks)\n", name.c_str(),
               human_bytes(static_cast<double>(plan.weights)).c_str(), o.weights.c_str(),
               human_bytes(static_cast<double>(plan.scratch)).c_str(), o.chunk);
-  std::printf("KV %s:%s: %lld bytes/token (%d of %d layers hold KV, %d KV heads x %d); DeltaNet state %s per sequence\n",
-              std::string(to_string(kv.k)).c_str(), std::string(to_string(kv.v)).c_str(),
+  std::printf("KV %s: %lld bytes/token (%d of %d layers hold KV, %d KV heads x %d); DeltaNet state %s per sequence\n",
+              kv::to_string(kv).c_str(),
               static_cast<long long>(plan.kv_per_token), cfg.n_layer_of(model::LayerKind::kFullAttention), cfg.n_layer,
               cfg.n_head_kv, cfg.d_head, human_bytes(static_cast<double>(plan.state_per_sequence)).c_str());
   std::printf("\n| context | KV / seq | state / seq | total, %lld seq%s |%s\n", o.seqs, o.seqs == 1 ? "" : "s",

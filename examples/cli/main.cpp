@@ -22,6 +22,7 @@
 #include "args.hpp"
 #include "bench.hpp"
 #include "budget.hpp"
+#include "kv_option.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/gguf_config.hpp"
 #include "qflash/io/hf_config.hpp"
@@ -52,6 +53,7 @@ struct CommonOptions {
   std::string device = "cpu";
   int threads = 0;
   bool no_verify = false;
+  std::string kv = "f32";
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
@@ -247,6 +249,7 @@ int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::Generate
   int const context = gen.max_context > 0 ? gen.max_context : cfg.max_position_embeddings;
   QFLASH_CHECK(static_cast<int>(ids.size()) < context, "the prompt has ", ids.size(),
                " tokens, which leaves no room to generate in a context of ", context, " tokens (-c/--ctx-size)");
+  gen.kv = kv::KvMap::uniform(cfg, cli::parse_kv_option(o.kv));
   with_model(o, cfg, [&](auto& m) {
     std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
@@ -280,7 +283,7 @@ int cmd_logits(CommonOptions const& o, std::vector<std::int32_t> const& ids, std
   with_model(o, cfg, [&](auto& m) {
     std::int64_t const vocab = m.config().vocab;
     auto const t0 = std::chrono::steady_clock::now();
-    auto state = m.new_sequence();
+    auto state = m.new_sequence(cli::parse_kv_option(o.kv));
     std::vector<float> all, step;
     if (incremental) {
       for (auto id : ids) {
@@ -316,7 +319,8 @@ int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int con
   with_model(o, cfg, [&](auto& m) {
     bool const tty = ::isatty(2) != 0;
     auto const t0 = std::chrono::steady_clock::now();
-    auto r = runtime::perplexity(m, ids, ctx, [tty](std::size_t done, std::size_t total) {
+    auto r = runtime::perplexity(m, ids, ctx, kv::KvMap::uniform(cfg, cli::parse_kv_option(o.kv)),
+                                 [tty](std::size_t done, std::size_t total) {
       if (tty) std::fprintf(stderr, "\rperplexity: %zu/%zu tokens", done, total);
     });
     double const secs = seconds_since(t0);
@@ -386,6 +390,7 @@ int main(int argc, char** argv) {
       ->check(cli::integer_in(-1, std::numeric_limits<long long>::max()));
   run->add_option("--stop", stop, "stop string, with \\n-style escapes (repeatable)");
   run->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
+  cli::add_kv_option(run, common.kv);
 
   bool check_weights = false;
   auto* inspect = app.add_subcommand("inspect", "print the architecture, sizes and memory needs of a model (config.json is enough)");
@@ -399,6 +404,7 @@ int main(int argc, char** argv) {
   logits->add_option("--prompt-ids", ids_text, "comma-separated token ids, e.g. 1,2,3")->required();
   logits->add_option("-o,--output", output, "output .npy file")->required();
   logits->add_flag("--incremental", incremental, "one token at a time through the caches instead of one full forward");
+  cli::add_kv_option(logits, common.kv);
 
   std::string text_path;
   int context = 0;
@@ -407,6 +413,7 @@ int main(int argc, char** argv) {
   ppl->add_option("--text", text_path, "UTF-8 text file ('-': standard input)")->required();
   ppl->add_option("-c,--context,--ctx-size", context, "window length in tokens (0: min(512, max positions))")
       ->check(cli::integer_in(0));
+  cli::add_kv_option(ppl, common.kv);
 
   cli::BenchOptions bench_opts;
   bench_opts.model = QFLASH_DEFAULT_MODEL_DIR;
@@ -466,6 +473,8 @@ int main(int argc, char** argv) {
     }
     if (*ppl && text_path != "-" && !std::filesystem::is_regular_file(text_path))
       throw UsageError("--text: '" + printable(text_path) + "' is not a file");
+
+    if (*run || *logits || *ppl) (void)cli::parse_kv_option(common.kv);
 
     if (*run) return cmd_run(common, prompt, gen, ignore_eos);
     if (*inspect) return cmd_inspect(common, verbose, check_weights);

@@ -76,6 +76,29 @@ case $case in
     expect_rc 0
     expect_out "^perplexity [0-9.]+ over 442 predicted tokens \(8 windows of 64\)"
     ;;
+  kv_schemes)  # --kv on logits, perplexity and run: compressed KV changes the numbers, f32 is the default
+    ids=171,56,115,66,64,182,125,75,29,93
+    run logits --model "$tiny" --prompt-ids $ids --output "$tmp/f32.npy"
+    expect_rc 0
+    run logits --model "$tiny" --prompt-ids $ids --output "$tmp/default.npy" --kv f32
+    expect_rc 0
+    cmp -s "$tmp/f32.npy" "$tmp/default.npy" || fail "--kv f32 is not the default"
+    run logits --model "$tiny" --prompt-ids $ids --output "$tmp/int6.npy" --kv bf16:int6
+    expect_rc 0
+    cmp -s "$tmp/f32.npy" "$tmp/int6.npy" && fail "--kv bf16:int6 gave the f32 logits"
+    printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..4} >"$tmp/text.txt"
+    run perplexity --model "$tiny" --text "$tmp/text.txt" --context 64 --kv int8
+    expect_rc 0
+    expect_out "^perplexity [0-9.]+ over"
+    run run --model "$tiny" -p "Hello" -n 4 --temp 0 --kv fp8
+    expect_rc 0
+    run logits --model "$tiny" --prompt-ids $ids --output "$tmp/x.npy" --kv int5
+    expect_rc 2
+    expect_err "error: --kv: unknown KV format 'int5' \(expected one of: f32, bf16, fp8_e4m3, int8, int6\)"
+    run run --model "$tiny" -p "Hello" --kv bf16:
+    expect_rc 2
+    expect_err "error: --kv: unknown KV format ''"
+    ;;
   bad_ids)
     run logits --model "$tiny" --prompt-ids 1,x,3 --output "$tmp/l.npy"
     expect_rc 2
@@ -333,17 +356,28 @@ PY
     # Weights per decoded token, q4_k rows of 2048 (4096, 512) values are 1152 (2304, 288)
     # bytes: q 8192 + k 512 + v 512 rows, o 2048 rows of 4096; the router's 257 bf16 rows;
     # 8 experts' and the shared expert's gate and up (512 rows) and down (2048 rows of 512);
-    # lm_head 1024 rows; one embedding row.
+    # lm_head 1024 rows; one embedding row. Decode adds the KV at its mean context: 2.5
+    # positions of 2 heads' K and V of 256 f32 values.
     want=$(( 9216 * 1152 + 2048 * 2304 + 257 * 4096 + 9 * (1024 * 1152 + 2048 * 288) + 1024 * 1152 + 1152 ))
-    python3 - "$tmp/out" "$want" <<'PY' || fail "bad JSON lines"
+    python3 - "$tmp/out" "$want" 10240 <<'PY' || fail "bad JSON lines"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["test"] for r in rows] == ["pp8", "tg4"], rows
 for r in rows:
     assert r["model"] == "qwen3_6_35b_a3b synthetic 1L v1024" and r["format"] == "q4_k", r
-    assert (r["n_layer"], r["vocab"]) == (1, 1024), r
-    assert r["bytes_per_token"] == int(sys.argv[2]), (r["bytes_per_token"], sys.argv[2])
+    assert (r["n_layer"], r["vocab"], r["kv"], r["n_depth"]) == (1, 1024, "f32", 0), r
+assert rows[0]["bytes_per_token"] == int(sys.argv[2]), (rows[0]["bytes_per_token"], sys.argv[2])
+assert rows[1]["bytes_per_token"] == int(sys.argv[2]) + int(sys.argv[3]), (rows[1]["bytes_per_token"], sys.argv[2])
 assert rows[1]["decode_tok_s"] > 0 and rows[1]["roofline_fraction"] > 0
+PY
+    # With 16 positions already cached in int6 (208 bytes per head vector): 18.5 positions.
+    run bench --synthetic qwen3_6_35b_a3b --layers 1 --vocab 1024 --weights q4_k -p 0 -n 4 -d 16 --kv int6 -r 1 -t 1 --json
+    expect_rc 0
+    python3 - "$tmp/out" "$want" <<'PY' || fail "bad JSON lines with -d 16 --kv int6"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [(r["test"], r["kv"], r["n_depth"]) for r in rows] == [("tg4 @ d16", "int6", 16)], rows
+assert rows[0]["bytes_per_token"] == int(sys.argv[2]) + 37 * 2 * 2 * 208 // 2, rows[0]["bytes_per_token"]
 PY
     run bench --synthetic qwen3_30b_a3b --layers 1 --vocab 512 -p 4 -n 0 -r 1 -t 1
     expect_rc 0
@@ -377,6 +411,12 @@ PY
     run bench --model "$tiny" -p 1000
     expect_rc 2
     expect_err "error: -p 1000 is above the model's limit of 256 tokens"
+    run bench --model "$tiny" -p 200 -n 0 -d 100
+    expect_rc 2
+    expect_err "error: -p 200 after -d 100 is above the model's limit of 256 tokens"
+    run bench --model "$tiny" --kv q4
+    expect_rc 2
+    expect_err "error: --kv: unknown KV format 'q4'"
     run bench --model "$tiny" -r 0
     expect_rc 2
     expect_err "error: --repetitions: must be an integer >= 1"
@@ -431,12 +471,12 @@ PY
   budget_qwen36)  # MODELS.md §6: 20,480 B/token of bf16 KV in 10 of 40 layers, 62.8 MiB of state
     run budget --model "$fixtures/qwen3_6_35b_a3b_config" --weights q4_k_m -c 4096,32768 --memory 24GiB
     expect_rc 0
-    expect_out "KV bf16:bf16: 20480 bytes/token \(10 of 40 layers hold KV, 2 KV heads x 256\); DeltaNet state 62\.8[0-9] MiB per sequence"
+    expect_out "KV bf16: 20480 bytes/token \(10 of 40 layers hold KV, 2 KV heads x 256\); DeltaNet state 62\.8[0-9] MiB per sequence"
     expect_out "^\| 4096 \| 80\.00 MiB \| 62\.8[0-9] MiB \| [0-9.]+ GiB \| [0-9.]+ GiB \| [0-9]+ \|$"
     expect_out "^\| 32768 \| 640\.00 MiB \|"
     run budget --preset qwen3_6_35b_a3b --kv int6 -c 4096
     expect_rc 0
-    expect_out "KV int6:int6: 8320 bytes/token"
+    expect_out "KV int6: 8320 bytes/token"
     run budget --preset qwen3_6_35b_a3b --kv bf16:int6 -c 4096 --seqs 4
     expect_rc 0
     expect_out "KV bf16:int6: 14400 bytes/token"
@@ -453,7 +493,7 @@ PY
     expect_err "error: --memory: '24XB' is not a memory size \(expected e\.g\. 24GiB"
     run budget --model "$tiny" --kv int5
     expect_rc 2
-    expect_err "error: --kv: unknown KV format 'int5' \(expected one of: bf16, fp8_e4m3, int8, int6\)"
+    expect_err "error: --kv: unknown KV format 'int5' \(expected one of: f32, bf16, fp8_e4m3, int8, int6\)"
     run budget --model "$tiny" --kv bf16:
     expect_rc 2
     expect_err "error: --kv: unknown KV format ''"

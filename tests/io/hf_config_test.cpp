@@ -195,7 +195,7 @@ TEST_CASE("Qwen3.6-35B-A3B config: exact values, spec, parameter and memory arit
   CHECK(c.mlp_only_layers.empty());
   CHECK(c.dtype == DType::kBF16);
 
-  CHECK(c.spec(KvScheme::kBf16, WeightFormat::kAny) == spec::qwen3_6_35b_a3b);
+  CHECK(c.spec(KvScheme::kAny, WeightFormat::kAny) == spec::qwen3_6_35b_a3b);
 
   // MODELS.md §6, exact from the shapes in §2.
   CHECK(c.n_params_full_attention_layer() == 27'263'488);
@@ -240,7 +240,7 @@ TEST_CASE("Qwen3-30B-A3B config: exact values, spec, parameter and memory arithm
   CHECK(c.decoder_sparse_step == 1);
   CHECK(c.d_ff_dense == 6144);
   CHECK(c.dtype == DType::kBF16);
-  CHECK(c.spec(KvScheme::kBf16, WeightFormat::kAny) == spec::qwen3_30b_a3b);
+  CHECK(c.spec(KvScheme::kAny, WeightFormat::kAny) == spec::qwen3_30b_a3b);
 
   CHECK(c.n_params_total() == 30'532'122'624);  // 30.5B
   CHECK(c.n_params_active() == 3'041'867'776);  // 3.04B incl. lm_head (3.35B with the table)
@@ -259,7 +259,7 @@ TEST_CASE("flat qwen3_5_moe_text config and transformers defaults") {
   }
   SUBCASE("absent keys take Qwen3_5MoeTextConfig defaults") {
     ModelConfig c = load_json(tmp, {{"model_type", "qwen3_5_moe_text"}});
-    CHECK(c.spec(KvScheme::kBf16, WeightFormat::kAny) == spec::qwen3_6_35b_a3b);
+    CHECK(c.spec(KvScheme::kAny, WeightFormat::kAny) == spec::qwen3_6_35b_a3b);
     CHECK(c.max_position_embeddings == 32768);  // the class default, not the published 262144
     CHECK(c.rope_theta == 10000.0f);            // RotaryEmbeddingConfigMixin.default_theta
     CHECK(c.partial_rotary_factor == 0.25f);

@@ -8,6 +8,7 @@
 
 #include "qflash/kernels/attention/cpu.hpp"
 #include "qflash/kernels/attention/ref.hpp"
+#include "qflash/kv/layer_cache.hpp"
 #include "qflash/kernels/embedding/cpu.hpp"
 #include "qflash/kernels/gdn_gates/cpu.hpp"
 #include "qflash/kernels/gdn_gates/ref.hpp"
@@ -138,10 +139,11 @@ TEST_CASE("attention: the fused output gate equals the reference") {
   // The gate lies in [query | gate] rows, as q_proj of qwen3_5_moe gives it.
   auto gate_rows = test::random_floats(static_cast<std::size_t>(n_tok * n_head * 2 * d), 54, -4, 4);
   std::vector<float> out(q.size()), ref_out(q.size()), out_static(q.size());
+  kv::LayerCache cache(n_kv, d, kv::KvFormats{}, n_tok);
+  cache.append(k.data(), v.data(), n_tok);
   AttentionArgs a{};
   a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
+  a.kv = cache.view();
   a.n_tokens = n_tok;
   a.n_ctx = n_tok;
   a.n_head = n_head;

@@ -12,6 +12,7 @@
 #include "qflash/kernels/attention/cpu.hpp"
 #include "qflash/kernels/common/cpu_math.hpp"
 #include "qflash/kernels/attention/ref.hpp"
+#include "qflash/kv/layer_cache.hpp"
 #include "qflash/kernels/expert_ffn/cpu.hpp"
 #include "qflash/kernels/expert_ffn/ref.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
@@ -281,10 +282,11 @@ TEST_CASE("attention: causal GQA equals the reference, incremental equals full")
     auto k = test::random_floats(static_cast<std::size_t>(n_ctx * n_kv * d), 8, -2, 2);
     auto v = test::random_floats(static_cast<std::size_t>(n_ctx * n_kv * d), 9);
     std::vector<float> out(q.size()), ref_out(q.size());
+    kv::LayerCache cache(n_kv, d, kv::KvFormats{}, n_ctx);
+    cache.append(k.data(), v.data(), n_ctx);
     AttentionArgs a{};
     a.q = q.data();
-    a.k = k.data();
-    a.v = v.data();
+    a.kv = cache.view();
     a.n_tokens = n_ctx;
     a.n_ctx = n_ctx;
     a.n_head = n_head;

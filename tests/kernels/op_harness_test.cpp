@@ -15,6 +15,7 @@
 #include "qflash/kernels/add_rmsnorm/ref.hpp"
 #include "qflash/kernels/attention/cpu.hpp"
 #include "qflash/kernels/attention/ref.hpp"
+#include "qflash/kv/layer_cache.hpp"
 #include "qflash/kernels/causal_conv1d/cpu.hpp"
 #include "qflash/kernels/causal_conv1d/ref.hpp"
 #include "qflash/kernels/embedding/cpu.hpp"
@@ -171,10 +172,11 @@ Outcome attention_case() {
   auto q = rnd(T * H * D, 8, -2, 2), k = rnd(ctx * KV * D, 9, -2, 2), v = rnd(ctx * KV * D, 10);
   auto gate = rnd(T * H * 2 * D, 11, -3, 3);
   std::vector<float> y(q.size()), want(q.size());
+  kv::LayerCache cache(KV, D, kv::KvFormats{}, ctx);
+  cache.append(k.data(), v.data(), ctx);
   AttentionArgs a{};
   a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
+  a.kv = cache.view();
   a.n_tokens = T;
   a.n_ctx = ctx;
   a.n_head = H;

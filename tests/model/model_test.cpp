@@ -57,8 +57,8 @@ double max_abs_diff(std::vector<float> const& a, std::vector<float> const& b) {
 }
 
 template <class M>
-std::vector<float> full_logits(M& m, std::vector<std::int32_t> const& ids) {
-  auto state = m.new_sequence();
+std::vector<float> full_logits(M& m, std::vector<std::int32_t> const& ids, kv::KvMap const& kv = {}) {
+  auto state = m.new_sequence(kv);
   model::SequenceChunk c{ids, &state};
   std::vector<float> logits;
   m.forward(std::span(&c, 1), model::LogitsFor::kAllTokens, logits);
@@ -66,8 +66,8 @@ std::vector<float> full_logits(M& m, std::vector<std::int32_t> const& ids) {
 }
 
 template <class M>
-std::vector<float> incremental_logits(M& m, std::vector<std::int32_t> const& ids) {
-  auto state = m.new_sequence();
+std::vector<float> incremental_logits(M& m, std::vector<std::int32_t> const& ids, kv::KvMap const& kv = {}) {
+  auto state = m.new_sequence(kv);
   std::vector<float> all, step;
   for (auto id : ids) {
     model::SequenceChunk c{std::span(&id, 1), &state};
@@ -128,6 +128,63 @@ TEST_CASE("fixtures: logits, greedy continuation and incremental decode equal tr
     int const pi = fx.ref["greedy"]["prompt_index"].get<int>();
     CHECK(greedy(*m, fx.prompt(pi), static_cast<int>(want.size())) == want);
   }
+}
+
+TEST_CASE("KV schemes: incremental decode equals a full forward over the same compressed KV") {
+  // The two paths compute K/V in different summation orders, so a value a last bit apart can
+  // round to the neighbouring code: compressed schemes move the logits by up to 6.1e-4 here
+  // (fp8_e4m3, qwen3_5_moe_tiny); f32 KV is held to the fixtures' tolerance.
+  constexpr double kOneCodeTol = 2e-3;
+  for (std::string name : {"qwen3_5_moe_tiny", "qwen3_moe_tiny"}) {
+    CAPTURE(name);
+    Fixture fx(name);
+    auto m = load(fx.dir, opts());
+    auto const& cfg = m->config();
+    std::vector<kv::KvMap> maps;
+    for (auto const& [f, fname] : kKvFormats) maps.push_back(kv::KvMap::uniform(cfg, {f, f}));
+    kv::KvMap mixed = kv::KvMap::uniform(cfg, {KvFormat::kBf16, KvFormat::kInt6});
+    for (std::size_t l = 0; l < cfg.layer_types.size(); ++l)
+      if (!mixed.layer(l).empty()) mixed.set(l, 0, {KvFormat::kInt8, KvFormat::kFp8E4m3});
+    maps.push_back(mixed);
+    auto const ids = fx.prompt(2);
+    auto const exact = full_logits(*m, ids);
+    for (kv::KvMap const& map : maps) {
+      KvScheme const scheme = map.scheme();
+      CAPTURE(to_string(scheme));
+      auto const full = full_logits(*m, ids, map);
+      CHECK(max_abs_diff(incremental_logits(*m, ids, map), full) <= (scheme == KvScheme::kF32 ? kLogitTol : kOneCodeTol));
+      if (scheme == KvScheme::kF32) CHECK(full == exact);  // the default is f32
+      else CHECK(max_abs_diff(full, exact) > 0);           // the format is really used
+    }
+  }
+}
+
+TEST_CASE("KV pool: a sequence that does not fit is refused before anything changes") {
+  Fixture fx("qwen3_5_moe_tiny");
+  auto m = load(fx.dir, opts());
+  auto const& cfg = m->config();
+  auto pool = std::make_shared<kv::KvBlockPool>(
+      kv::KvLayout(cfg, kv::KvMap::uniform(cfg, {KvFormat::kInt6, KvFormat::kInt6})), 6);  // 96 positions
+  model::SequenceState a(cfg, pool), b(cfg, pool);
+  auto const ids = fx.prompt(2);
+  REQUIRE(ids.size() > 48);
+  std::vector<std::int32_t> const head(ids.begin(), ids.begin() + 48);
+  std::vector<float> logits;
+  model::SequenceChunk ca{head, &a};
+  m->forward(std::span(&ca, 1), model::LogitsFor::kLastToken, logits);
+  CHECK(pool->free_blocks() == 3);
+  std::vector<std::int32_t> const too_long(ids.begin(), ids.begin() + 64);
+  model::SequenceChunk cb{too_long, &b};
+  CHECK_THROWS_WITH_AS(m->forward(std::span(&cb, 1), model::LogitsFor::kLastToken, logits),
+                       doctest::Contains("KV cache full: 4 more blocks of 16 tokens needed, 3 of 6 free"), Error);
+  CHECK(b.n_past() == 0);
+  CHECK(b.blocks().empty());
+  CHECK(pool->free_blocks() == 3);
+  // Once a's blocks are back, b runs and equals a sequence of its own.
+  a.reset();
+  CHECK(pool->free_blocks() == 6);
+  m->forward(std::span(&cb, 1), model::LogitsFor::kAllTokens, logits);
+  CHECK(max_abs_diff(logits, full_logits(*m, too_long, kv::KvMap::uniform(cfg, {KvFormat::kInt6, KvFormat::kInt6}))) == 0);
 }
 
 TEST_CASE("fixtures: per-layer hidden states equal transformers'") {

@@ -20,6 +20,13 @@ __global__ void numeric_device_check_kernel(float const* x,       // [512]
     q4_k[0] = gguf::quantize_q4_k(x);
     gguf::dequantize_row_q4_k(q4_k, 256, y + 700);
   }
+  if (i < 5) {  // each KV format's codec, one format per thread
+    KvFormat const f = static_cast<KvFormat>(i);
+    std::uint8_t* stored = bytes + 100 * i;
+    kv_encode(f, x + 64 * i, 20, stored);
+    kv_decode(f, stored, 20, y + 800 + 20 * i);
+    y[1000 + i] = kv_stored_scale(f, stored, 0) + static_cast<float>(kv_head_bytes(f, 20));
+  }
 }
 
 }  // namespace qflash

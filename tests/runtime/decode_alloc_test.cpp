@@ -54,7 +54,7 @@ TEST_CASE("a warm decode step of the default model allocates nothing, in every w
       o.weights = scheme;
       auto m = runtime::load_model_as<spec::qwen3_5_moe_micro>(dir, o);
       auto state = m->new_sequence();
-      state.reserve(64, m->config());
+      state.reserve(64);
       std::vector<float> logits;
       std::vector<std::int32_t> const prompt{1, 2, 3, 4, 5, 6, 7, 8};
       model::SequenceChunk chunk{prompt, &state};

@@ -24,12 +24,12 @@ TEST_CASE("kv_format: bytes per token-head, scales included, short last group") 
   CHECK(parse_kv_format("fp8") == KvFormat::kFp8E4m3);
   CHECK(parse_kv_format("int6") == KvFormat::kInt6);
   test::expect_error([] { (void)parse_kv_format("int5"); },
-                     {"unknown KV format 'int5' (expected one of: bf16, fp8_e4m3, int8, int6)"});
+                     {"unknown KV format 'int5' (expected one of: f32, bf16, fp8_e4m3, int8, int6)"});
 }
 
 TEST_CASE("memory plan: Qwen3.6-35B-A3B's KV and state per sequence, by hand") {
   auto const c = runtime::synthetic_config("qwen3_6_35b_a3b", 40);
-  auto const bf16 = runtime::plan_memory(c, 0, {});
+  auto const bf16 = runtime::plan_memory(c, 0, kv::KvMap::uniform(c, {KvFormat::kBf16, KvFormat::kBf16}));
   CHECK(bf16.kv_per_token == 10 * 2 * 2 * 256 * 2);  // 10 layers, K+V, 2 heads, 256 dims, 2 bytes
   CHECK(bf16.kv_bytes(4096) == 80ll << 20);
   CHECK(bf16.kv_bytes(32768) == 640ll << 20);
@@ -38,9 +38,9 @@ TEST_CASE("memory plan: Qwen3.6-35B-A3B's KV and state per sequence, by hand") {
   // 30 layers x (conv [2*16*128 + 32*128, 3] + state [32, 128, 128]) in fp32
   std::int64_t const state = 30ll * ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 4;
   CHECK(bf16.state_per_sequence == state);
-  auto const int6 = runtime::plan_memory(c, 0, {KvFormat::kInt6, KvFormat::kInt6});
+  auto const int6 = runtime::plan_memory(c, 0, kv::KvMap::uniform(c, {KvFormat::kInt6, KvFormat::kInt6}));
   CHECK(int6.kv_per_token == 10 * 2 * 2 * 208);
-  auto const mixed = runtime::plan_memory(c, 0, {KvFormat::kBf16, KvFormat::kInt6});
+  auto const mixed = runtime::plan_memory(c, 0, kv::KvMap::uniform(c, {KvFormat::kBf16, KvFormat::kInt6}));
   CHECK(mixed.kv_per_token == 10 * 2 * (512 + 208));
   CHECK(int6.scratch == bf16.scratch);
   CHECK(bf16.scratch > 0);

@@ -156,7 +156,7 @@ TEST_CASE("synthetic_config: the presets' fields, layer patterns and bounds") {
     CHECK(c.vocab == 248320);
     CHECK(c.layer_types == std::vector{LayerKind::kLinearAttention, LayerKind::kLinearAttention,
                                        LayerKind::kLinearAttention, LayerKind::kFullAttention});
-    CHECK(c.spec(KvScheme::kBf16, WeightFormat::kAny) == spec::qwen3_6_35b_a3b);
+    CHECK(c.spec(KvScheme::kAny, WeightFormat::kAny) == spec::qwen3_6_35b_a3b);
     CHECK(c.rope_theta == 1e7f);
     CHECK(c.partial_rotary_factor == 0.25f);
     CHECK(c.rotary_dim == 64);
@@ -185,7 +185,7 @@ TEST_CASE("synthetic_config: the presets' fields, layer patterns and bounds") {
     CHECK(c.n_layer == 4);
     CHECK(c.vocab == 1000);
     CHECK(c.n_layer_of(LayerKind::kFullAttention) == 4);
-    CHECK(c.spec(KvScheme::kBf16, WeightFormat::kAny) == spec::qwen3_30b_a3b);
+    CHECK(c.spec(KvScheme::kAny, WeightFormat::kAny) == spec::qwen3_30b_a3b);
     CHECK(c.rope_theta == 1e6f);
     CHECK(c.rotary_dim == 128);
     CHECK(c.norm_topk_prob);

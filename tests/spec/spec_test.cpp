@@ -60,12 +60,20 @@ TEST_CASE("dynamic fields and matching") {
   partial.d_model = 2048;
   CHECK(matches(partial, spec::qwen3_30b_a3b));
   CHECK_FALSE(is_static(partial));
+  // kv=any is a static choice (every scheme, per head at run time); a fixed scheme runs only itself.
+  MoeSpec int6_only = spec::qwen3_6_35b_a3b;
+  int6_only.kv = KvScheme::kInt6;
+  CHECK(is_static(int6_only));
+  MoeSpec rt = spec::qwen3_6_35b_a3b;
+  rt.kv = KvScheme::kBf16;
+  CHECK(matches(spec::qwen3_6_35b_a3b, rt));
+  CHECK_FALSE(matches(int6_only, rt));
 }
 
 TEST_CASE("to_string names every field") {
   CHECK(to_string(spec::qwen3_30b_a3b) ==
         "{family=qwen3_moe d_model=2048 n_head=32 n_head_kv=4 d_head=128 n_expert=128 "
         "n_expert_used=8 d_ff_expert=768 d_ff_shared=0 n_head_k_linear=0 n_head_v_linear=0 "
-        "d_head_k_linear=0 d_head_v_linear=0 d_conv=0 kv=bf16 weights=any}");
+        "d_head_k_linear=0 d_head_v_linear=0 d_conv=0 kv=any weights=any}");
   CHECK(to_string(spec::generic).find("d_model=?") != std::string::npos);
 }

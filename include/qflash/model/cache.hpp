@@ -1,24 +1,21 @@
 /// @file
 /// Per-sequence caches, owned by the caller (the runtime), read and written by layers through
-/// the model's forward: contiguous K/V for full-attention layers, conv and recurrent state
-/// for Gated DeltaNet layers. Paged and compressed KV replace `AttentionCache` later without
-/// touching layer code.
+/// the model's forward: a block table into a paged KV pool (kv/block_pool.hpp) for the
+/// full-attention layers, and conv and recurrent state for Gated DeltaNet layers. Layers see
+/// a KvView per layer, never the pool.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "qflash/core/error.hpp"
+#include "qflash/kv/block_pool.hpp"
 #include "qflash/model/config.hpp"
 
 namespace qflash::model {
-
-/// K and V of one layer for positions [0, n): [n, n_head_kv, d_head] each, fp32.
-struct AttentionCache {
-  std::vector<float> k;
-  std::vector<float> v;
-};
 
 /// Gated DeltaNet state of one layer: the last d_conv-1 conv inputs [conv_dim, d_conv-1] and
 /// the recurrent state [n_head_v, d_k, d_v], both fp32.
@@ -27,69 +24,98 @@ struct LinearState {
   std::vector<float> recurrent;
 };
 
+/// A private pool for one sequence of up to cfg.max_position_embeddings tokens, its arenas
+/// grown as blocks are first used.
+inline std::shared_ptr<kv::KvBlockPool> private_kv_pool(ModelConfig const& cfg, kv::KvMap map) {
+  kv::KvLayout layout(cfg, std::move(map));
+  std::int64_t const blocks = (cfg.max_position_embeddings + layout.block_tokens() - 1) / layout.block_tokens();
+  return std::make_shared<kv::KvBlockPool>(std::move(layout), blocks, kv::KvBlockPool::Allocation::kOnDemand);
+}
+
 class SequenceState {
  public:
-  explicit SequenceState(ModelConfig const& cfg)
-      : max_positions_(cfg.max_position_embeddings), layers_(cfg.layer_types.size()) {
+  /// A sequence whose KV lives in `pool` (shared with other sequences or its own).
+  SequenceState(ModelConfig const& cfg, std::shared_ptr<kv::KvBlockPool> pool)
+      : max_positions_(cfg.max_position_embeddings), pool_(std::move(pool)), linear_(cfg.layer_types.size()) {
+    QFLASH_CHECK(pool_, "a sequence needs a KV pool");
+    kv::KvLayout const& lay = pool_->layout();
+    QFLASH_CHECK(lay.n_layer() == cfg.layer_types.size() && lay.d_head() == cfg.d_head &&
+                     lay.n_head_kv() == cfg.n_head_kv,
+                 "KV pool laid out for ", lay.n_layer(), " layers of ", lay.n_head_kv(), " KV heads of ", lay.d_head(),
+                 ", the model has ", cfg.layer_types.size(), " of ", cfg.n_head_kv, " of ", cfg.d_head);
     std::size_t const conv_dim = static_cast<std::size_t>(cfg.linear_conv_dim());
-    for (std::size_t l = 0; l < layers_.size(); ++l)
+    for (std::size_t l = 0; l < linear_.size(); ++l)
       if (cfg.layer_types[l] == LayerKind::kLinearAttention) {
-        layers_[l].linear.conv.assign(conv_dim * static_cast<std::size_t>(cfg.d_conv - 1), 0.0f);
-        layers_[l].linear.recurrent.assign(static_cast<std::size_t>(cfg.n_head_v_linear) *
-                                               static_cast<std::size_t>(cfg.d_head_k_linear) *
-                                               static_cast<std::size_t>(cfg.d_head_v_linear),
-                                           0.0f);
+        linear_[l].conv.assign(conv_dim * static_cast<std::size_t>(cfg.d_conv - 1), 0.0f);
+        linear_[l].recurrent.assign(static_cast<std::size_t>(cfg.n_head_v_linear) *
+                                        static_cast<std::size_t>(cfg.d_head_k_linear) *
+                                        static_cast<std::size_t>(cfg.d_head_v_linear),
+                                    0.0f);
       }
   }
+  SequenceState(SequenceState&& o) noexcept = default;
+  SequenceState& operator=(SequenceState&& o) noexcept {
+    if (this != &o) {
+      release_blocks();
+      n_past_ = o.n_past_;
+      max_positions_ = o.max_positions_;
+      pool_ = std::move(o.pool_);
+      blocks_ = std::move(o.blocks_);
+      linear_ = std::move(o.linear_);
+    }
+    return *this;
+  }
+  SequenceState(SequenceState const&) = delete;
+  SequenceState& operator=(SequenceState const&) = delete;
+  ~SequenceState() { release_blocks(); }
 
   /// Tokens already processed; the next token's position.
   [[nodiscard]] std::int64_t n_past() const { return n_past_; }
   void advance(std::int64_t n) { n_past_ += n; }
   [[nodiscard]] std::int64_t max_positions() const { return max_positions_; }
 
-  AttentionCache& attention(std::size_t layer) { return layers_[layer].attention; }
-  LinearState& linear(std::size_t layer) { return layers_[layer].linear; }
+  /// Layer `layer`'s KV (a full-attention layer), covering the blocks held now.
+  [[nodiscard]] kv::KvView kv(std::size_t layer) const { return pool_->view(layer, blocks_); }
+  LinearState& linear(std::size_t layer) { return linear_[layer]; }
+  [[nodiscard]] kv::KvBlockPool& pool() const { return *pool_; }
+  [[nodiscard]] std::vector<std::int32_t> const& blocks() const { return blocks_; }
 
-  /// Room for `positions` tokens of K/V in every attention layer, so that decoding up to
-  /// there allocates nothing.
-  void reserve(std::int64_t positions, ModelConfig const& cfg) {
-    std::size_t const n = static_cast<std::size_t>(std::min(positions, max_positions_)) *
-                          static_cast<std::size_t>(cfg.n_head_kv) * static_cast<std::size_t>(cfg.d_head);
-    for (std::size_t l = 0; l < layers_.size(); ++l)
-      if (cfg.layer_types[l] == LayerKind::kFullAttention) {
-        layers_[l].attention.k.reserve(n);
-        layers_[l].attention.v.reserve(n);
-      }
+  /// Blocks for `positions` tokens (capped at max_positions), taken from the pool now, so
+  /// that running up to there allocates nothing; throws when the pool has too few free,
+  /// holding what it held.
+  void reserve(std::int64_t positions) {
+    std::int64_t const need = pool_->blocks_for(std::min(positions, max_positions_));
+    pool_->allocate(need - static_cast<std::int64_t>(blocks_.size()), blocks_);
   }
 
-  /// Back to an empty sequence, keeping allocations.
+  /// Back to an empty sequence: blocks go back to the pool, states to zero.
   void reset() {
     n_past_ = 0;
-    for (auto& l : layers_) {
-      l.attention.k.clear();
-      l.attention.v.clear();
-      std::fill(l.linear.conv.begin(), l.linear.conv.end(), 0.0f);
-      std::fill(l.linear.recurrent.begin(), l.linear.recurrent.end(), 0.0f);
+    release_blocks();
+    for (auto& l : linear_) {
+      std::fill(l.conv.begin(), l.conv.end(), 0.0f);
+      std::fill(l.recurrent.begin(), l.recurrent.end(), 0.0f);
     }
   }
 
-  /// Bytes held now (K/V grow with the sequence; linear state is fixed).
+  /// Bytes held now: KV blocks (grown a block at a time) and linear state (fixed).
   [[nodiscard]] std::size_t bytes() const {
-    std::size_t b = 0;
-    for (auto const& l : layers_)
-      b += (l.attention.k.size() + l.attention.v.size() + l.linear.conv.size() +
-            l.linear.recurrent.size()) * sizeof(float);
+    std::size_t b = blocks_.size() * static_cast<std::size_t>(pool_->layout().block_bytes());
+    for (auto const& l : linear_) b += (l.conv.size() + l.recurrent.size()) * sizeof(float);
     return b;
   }
 
  private:
-  struct Layer {
-    AttentionCache attention;
-    LinearState linear;
-  };
+  void release_blocks() {
+    if (pool_) pool_->release(blocks_);
+    blocks_.clear();
+  }
+
   std::int64_t n_past_ = 0;
   std::int64_t max_positions_ = 0;
-  std::vector<Layer> layers_;
+  std::shared_ptr<kv::KvBlockPool> pool_;
+  std::vector<std::int32_t> blocks_;
+  std::vector<LinearState> linear_;
 };
 
 }  // namespace qflash::model

@@ -89,7 +89,15 @@ class Model {
 
   [[nodiscard]] ModelConfig const& config() const { return cfg_; }
   [[nodiscard]] ModelWeights const& weights() const { return w_; }
-  [[nodiscard]] SequenceState new_sequence() const { return SequenceState(cfg_); }
+  /// A sequence with its own KV pool, every head in `kv` (default: exact f32).
+  [[nodiscard]] SequenceState new_sequence(kv::KvFormats kv = {}) const {
+    return new_sequence(kv::KvMap::uniform(cfg_, kv));
+  }
+  /// ... with each head as `map` says (empty: every head f32).
+  [[nodiscard]] SequenceState new_sequence(kv::KvMap map) const {
+    if (map.n_layer() == 0) map = kv::KvMap::uniform(cfg_, {});
+    return SequenceState(cfg_, private_kv_pool(cfg_, std::move(map)));
+  }
 
   /// Runs the batch's new tokens, advancing each sequence's state, and writes logits
   /// [rows, vocab]: one row per token (kAllTokens) or per sequence (kLastToken).
@@ -166,6 +174,11 @@ class Model {
       QFLASH_CHECK(c.state->n_past() + static_cast<std::int64_t>(c.tokens.size()) <= c.state->max_positions(),
                    "sequence of ", c.state->n_past() + c.tokens.size(),
                    " tokens exceeds max_position_embeddings ", c.state->max_positions());
+      if constexpr (S.kv != KvScheme::kAny && S.kv != KvScheme::kMixed)
+        QFLASH_CHECK(c.state->pool().layout().map().scheme() == S.kv, "this model instance is compiled for ",
+                     to_string(S.kv), " KV only; the sequence's KV pool holds ",
+                     to_string(c.state->pool().layout().map().scheme()));
+      c.state->reserve(c.state->n_past() + static_cast<std::int64_t>(c.tokens.size()));
       for (std::size_t t = 0; t < c.tokens.size(); ++t) {
         QFLASH_CHECK(c.tokens[t] >= 0 && c.tokens[t] < cfg_.vocab, "token id ", c.tokens[t],
                      " is outside the vocabulary [0, ", cfg_.vocab, ")");

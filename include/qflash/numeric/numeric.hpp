@@ -8,4 +8,5 @@
 #include "qflash/numeric/fp8.hpp"
 #include "qflash/numeric/gguf_blocks.hpp"
 #include "qflash/numeric/int6.hpp"
+#include "qflash/numeric/kv_format.hpp"
 #include "qflash/numeric/minifloat.hpp"

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "qflash/io/tokenizer.hpp"
+#include "qflash/kv/map.hpp"
 #include "qflash/model/model.hpp"
 #include "qflash/runtime/sampler.hpp"
 
@@ -38,6 +39,7 @@ struct GenerateOptions {
   std::vector<std::string> stop;          ///< stop strings; not included in the output
   std::vector<std::int32_t> eos_ids;      ///< stop tokens; not included in the output
   int max_context = 0;                    ///< prompt + generated tokens at most (0: the model's max positions)
+  kv::KvMap kv;                           ///< KV formats per head (empty: every head f32)
 };
 
 struct GenerateResult {
@@ -102,8 +104,8 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
   GenerateResult res;
   res.n_prompt = static_cast<std::int64_t>(prompt.size());
   Sampler sampler(opt.sampling);
-  auto state = model.new_sequence();
-  state.reserve(std::min<std::int64_t>(context, res.n_prompt + opt.max_tokens), model.config());
+  auto state = model.new_sequence(opt.kv);
+  state.reserve(std::min<std::int64_t>(context, res.n_prompt + opt.max_tokens));
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
   std::vector<float> logits;
   io::StreamDecoder decoder(tok);

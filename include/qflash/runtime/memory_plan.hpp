@@ -12,20 +12,15 @@
 #include <cstdint>
 
 #include "qflash/model/config.hpp"
-#include "qflash/numeric/kv_format.hpp"
+#include "qflash/kv/block_pool.hpp"
+#include "qflash/kv/map.hpp"
 
 namespace qflash::runtime {
 
 /// Tokens per KV block: a sequence's KV grows a block at a time.
-inline constexpr int kKvBlockTokens = 16;
+inline constexpr int kKvBlockTokens = kv::kBlockTokens;
 /// Tokens per prefill chunk the scratch estimate assumes.
 inline constexpr int kDefaultChunkTokens = 512;
-
-/// The KV formats of keys and of values (keys are usually the more sensitive).
-struct KvFormats {
-  KvFormat k = KvFormat::kBf16;
-  KvFormat v = KvFormat::kBf16;
-};
 
 struct MemoryPlan {
   std::int64_t weights = 0;             ///< resident weight bytes
@@ -53,9 +48,8 @@ struct MemoryPlan {
 };
 
 /// K and V of every full-attention layer for one token, scales included.
-inline std::int64_t kv_bytes_per_token(model::ModelConfig const& c, KvFormats f) {
-  return std::int64_t{c.n_layer_of(model::LayerKind::kFullAttention)} * c.n_head_kv *
-         (kv_head_bytes(f.k, c.d_head) + kv_head_bytes(f.v, c.d_head));
+inline std::int64_t kv_bytes_per_token(model::ModelConfig const& c, kv::KvMap const& map) {
+  return map.bytes_per_token(c.d_head);
 }
 
 /// An estimate of the runtime's scratch for prefill chunks of `chunk` tokens: the fp32
@@ -77,7 +71,7 @@ inline std::int64_t scratch_bytes(model::ModelConfig const& c, std::int64_t chun
 }
 
 /// The plan for a model whose weights take `weight_bytes` when resident.
-inline MemoryPlan plan_memory(model::ModelConfig const& c, std::int64_t weight_bytes, KvFormats kv,
+inline MemoryPlan plan_memory(model::ModelConfig const& c, std::int64_t weight_bytes, kv::KvMap const& kv,
                               std::int64_t chunk = kDefaultChunkTokens) {
   MemoryPlan p;
   p.weights = weight_bytes;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "qflash/core/error.hpp"
+#include "qflash/kv/map.hpp"
 #include "qflash/model/model.hpp"
 
 namespace qflash::runtime {
@@ -24,9 +25,10 @@ struct PerplexityResult {
   std::int64_t n_windows = 0;
 };
 
-/// `on_window(tokens_done, tokens_total)` is called after each window, for progress.
+/// `on_window(tokens_done, tokens_total)` is called after each window, for progress; KV is
+/// stored as `kv` says (empty: every head f32).
 template <class Model>
-PerplexityResult perplexity(Model& model, std::span<std::int32_t const> ids, int context,
+PerplexityResult perplexity(Model& model, std::span<std::int32_t const> ids, int context, kv::KvMap const& kv = {},
                             std::function<void(std::size_t, std::size_t)> const& on_window = {}) {
   QFLASH_CHECK(context >= 2 && context <= model.config().max_position_embeddings,
                "perplexity: the context must be in [2, ", model.config().max_position_embeddings,
@@ -38,7 +40,7 @@ PerplexityResult perplexity(Model& model, std::span<std::int32_t const> ids, int
   for (std::size_t begin = 0; begin < ids.size(); begin += static_cast<std::size_t>(context)) {
     std::size_t const len = std::min<std::size_t>(static_cast<std::size_t>(context), ids.size() - begin);
     if (len < 2) break;
-    auto state = model.new_sequence();
+    auto state = model.new_sequence(kv);
     model::SequenceChunk c{ids.subspan(begin, len), &state};
     model.forward(std::span(&c, 1), model::LogitsFor::kAllTokens, logits);
     for (std::size_t t = 0; t + 1 < len; ++t) {

@@ -102,15 +102,15 @@ constexpr std::string_view why_invalid(MoeSpec const& s) {
 
 constexpr bool valid(MoeSpec const& s) { return why_invalid(s).empty(); }
 
-/// True when every shape field is known at compile time (kAny weights is a static choice:
-/// every format).
+/// True when every shape field is known at compile time (kAny weights or KV is a static
+/// choice: every format, dispatched per tensor or per head at run time).
 constexpr bool is_static(MoeSpec const& s) {
   using detail::known;
   return s.family != ModelFamily::kAny && known(s.d_model) && known(s.n_head) &&
          known(s.n_head_kv) && known(s.d_head) && known(s.n_expert) && known(s.n_expert_used) &&
          known(s.d_ff_expert) && known(s.d_ff_shared) && known(s.n_head_k_linear) &&
          known(s.n_head_v_linear) && known(s.d_head_k_linear) && known(s.d_head_v_linear) &&
-         known(s.d_conv) && s.kv != KvScheme::kAny;
+         known(s.d_conv);
 }
 
 /// True when the compiled spec `c` can run the run-time spec `r`: every field of `c` is

@@ -6,7 +6,7 @@
 
 namespace qflash::spec {
 
-/// Qwen3.6-35B-A3B (qwen3_5_moe text model): BF16 KV, every weight format.
+/// Qwen3.6-35B-A3B (qwen3_5_moe text model): every KV scheme and weight format.
 inline constexpr MoeSpec qwen3_6_35b_a3b{
     .family = ModelFamily::kQwen35Moe,
     .d_model = 2048,
@@ -22,11 +22,11 @@ inline constexpr MoeSpec qwen3_6_35b_a3b{
     .d_head_k_linear = 128,
     .d_head_v_linear = 128,
     .d_conv = 4,
-    .kv = KvScheme::kBf16,
+    .kv = KvScheme::kAny,
     .weights = WeightFormat::kAny,
 };
 
-/// Qwen3-30B-A3B (qwen3_moe): BF16 KV, every weight format.
+/// Qwen3-30B-A3B (qwen3_moe): every KV scheme and weight format.
 inline constexpr MoeSpec qwen3_30b_a3b{
     .family = ModelFamily::kQwen3Moe,
     .d_model = 2048,
@@ -42,7 +42,7 @@ inline constexpr MoeSpec qwen3_30b_a3b{
     .d_head_k_linear = 0,
     .d_head_v_linear = 0,
     .d_conv = 0,
-    .kv = KvScheme::kBf16,
+    .kv = KvScheme::kAny,
     .weights = WeightFormat::kAny,
 };
 
@@ -62,7 +62,7 @@ inline constexpr MoeSpec qwen3_5_moe_micro{
     .d_head_k_linear = 32,
     .d_head_v_linear = 32,
     .d_conv = 4,
-    .kv = KvScheme::kBf16,
+    .kv = KvScheme::kAny,
     .weights = WeightFormat::kAny,
 };
 
@@ -83,7 +83,7 @@ inline constexpr MoeSpec qwen3_5_moe_tiny{
     .d_head_k_linear = 16,
     .d_head_v_linear = 16,
     .d_conv = 4,
-    .kv = KvScheme::kBf16,
+    .kv = KvScheme::kAny,
     .weights = WeightFormat::kAny,
 };
 

@@ -1,9 +1,11 @@
 /// @file
-/// Causal grouped-query attention of one sequence's new tokens over its cached keys/values:
+/// Causal grouped-query attention of one sequence's new tokens over its paged, possibly
+/// compressed keys/values (kv/view.hpp; each head read in its own format):
 /// token t sits at position p = n_ctx - n_tokens + t and, for query head h (kv head
 /// h / (n_head / n_head_kv)):
 ///   out[t, h] = sum_{s <= p} softmax_s(scale * q[t, h] . k[s, kv]) * v[s, kv]
-/// Softmax in fp32. Keys are cached after their norm and RoPE. With a gate (qwen3_5_moe's
+/// with k and v the stored vectors decoded (kv_decode). Softmax in fp32. Keys are cached after
+/// their norm and RoPE. With a gate (qwen3_5_moe's
 /// attention output gate), out[t, h] is then multiplied elementwise by sigmoid(gate[t, h]).
 #pragma once
 
@@ -12,14 +14,15 @@
 #include "qflash/arch/arch.hpp"
 #include "qflash/core/config.hpp"
 #include "qflash/core/status.hpp"
+#include "qflash/kernels/kv_append/op.hpp"
+#include "qflash/kv/view.hpp"
 #include "qflash/spec/moe_spec.hpp"
 
 namespace qflash::kernels {
 
 struct AttentionArgs {
   float const* q = nullptr;  // [n_tokens, n_head, d_head]
-  float const* k = nullptr;  // [n_ctx, n_head_kv, d_head]
-  float const* v = nullptr;  // [n_ctx, n_head_kv, d_head]
+  kv::KvView kv;             ///< positions [0, n_ctx) written; n_head_kv and d_head as below
   float* out = nullptr;      // [n_tokens, n_head, d_head]
   std::int64_t n_tokens = 0;
   std::int64_t n_ctx = 0;  ///< cached positions incl. the new tokens
@@ -35,9 +38,10 @@ struct AttentionArgs {
 /// Checks arguments; head counts and d_head are the spec's when static.
 template <MoeSpec S>
 [[nodiscard]] constexpr Status can_implement_attention(AttentionArgs const& a) {
-  if (!a.q || !a.k || !a.v || !a.out || a.n_tokens < 0 || a.n_ctx < a.n_tokens ||
-      a.n_head <= 0 || a.n_head_kv <= 0 || a.d_head <= 0 || a.n_head % a.n_head_kv != 0)
+  if (!a.q || !a.out || a.n_tokens < 0 || a.n_ctx < a.n_tokens || a.n_head <= 0 || a.n_head_kv <= 0 ||
+      a.d_head <= 0 || a.n_head % a.n_head_kv != 0 || a.kv.n_head_kv != a.n_head_kv || a.kv.d_head != a.d_head)
     return Status::kErrorInvalidProblem;
+  if (Status s = can_implement_kv_view<S>(a.kv, a.n_ctx); s != Status::kSuccess) return s;
   if (a.gate && (a.gate_head_stride < 0 || (a.gate_head_stride && a.gate_head_stride < a.d_head) ||
                  a.gate_token_stride < (a.n_head - 1) * (a.gate_head_stride ? a.gate_head_stride : a.d_head) + a.d_head))
     return Status::kErrorInvalidProblem;

@@ -1,25 +1,27 @@
 /// @file
-/// Scalar reference for kernels/attention: fp64 scores and sums.
+/// Scalar reference for kernels/attention: the cache decoded to fp32 first (gather_kv), then
+/// fp64 scores and sums.
 #pragma once
 
 #include <cmath>
 #include <vector>
 
 #include "qflash/kernels/attention/op.hpp"
+#include "qflash/kernels/kv_append/ref.hpp"
 
 namespace qflash::kernels::ref {
 
 inline void attention(AttentionArgs const& a) {
   int const group = a.n_head / a.n_head_kv;
+  GatheredKv const kv = gather_kv(a.kv, a.n_ctx);
   std::vector<double> p(static_cast<std::size_t>(a.n_ctx));
   for (std::int64_t t = 0; t < a.n_tokens; ++t) {
     std::int64_t const pos = a.n_ctx - a.n_tokens + t;
     for (int h = 0; h < a.n_head; ++h) {
-      int const kv = h / group;
       float const* q = a.q + (t * a.n_head + h) * a.d_head;
       double mx = -INFINITY;
       for (std::int64_t s = 0; s <= pos; ++s) {
-        float const* k = a.k + (s * a.n_head_kv + kv) * a.d_head;
+        float const* k = kv.k.data() + (s * a.n_head_kv + h / group) * a.d_head;
         double d = 0;
         for (int i = 0; i < a.d_head; ++i) d += static_cast<double>(q[i]) * k[i];
         p[static_cast<std::size_t>(s)] = d * a.scale;
@@ -31,7 +33,7 @@ inline void attention(AttentionArgs const& a) {
       for (int i = 0; i < a.d_head; ++i) {
         double acc = 0;
         for (std::int64_t s = 0; s <= pos; ++s)
-          acc += p[static_cast<std::size_t>(s)] * a.v[(s * a.n_head_kv + kv) * a.d_head + i];
+          acc += p[static_cast<std::size_t>(s)] * kv.v[static_cast<std::size_t>((s * a.n_head_kv + h / group) * a.d_head + i)];
         o[i] = static_cast<float>(acc / sum);
       }
       if (a.gate) {

@@ -256,6 +256,18 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE float avx2_reduce_add(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+/// 8 e4m3 bytes as fp32 times `scale`, equal to to_float(Fp8E4m3) * scale: a byte's exponent
+/// and mantissa bits become an fp16's (exponent bias 15 for 7, so the value / 256; e4m3's
+/// subnormals are fp16 subnormals, which F16C converts exactly), and the one e4m3 NaN
+/// pattern an fp16 NaN; `scale256` is 256 * scale, an exact power-of-two product.
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_fp8x8(std::uint8_t const* p, __m256 scale256) {
+  __m128i const b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<__m128i const*>(p)));
+  __m128i const mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+  __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+  h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7c00)));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), scale256);
+}
+
 }  // namespace qflash::kernels::simd
 QFLASH_SIMD_END
 

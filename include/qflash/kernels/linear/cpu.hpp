@@ -198,18 +198,6 @@ QFLASH_SIMD_END
 #if QFLASH_HAS_X86_SIMD
 QFLASH_SIMD_BEGIN
 
-/// 8 e4m3 bytes as fp32 times `scale`, equal to to_float(Fp8E4m3) * scale: a byte's exponent
-/// and mantissa bits become an fp16's (exponent bias 15 for 7, so the value / 256; e4m3's
-/// subnormals are fp16 subnormals, which F16C converts exactly), and the one e4m3 NaN
-/// pattern an fp16 NaN; `scale256` is 256 * scale, an exact power-of-two product.
-QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_fp8x8(std::uint8_t const* p, __m256 scale256) {
-  __m128i const b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<__m128i const*>(p)));
-  __m128i const mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
-  __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
-  h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7c00)));
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), scale256);
-}
-
 /// Row r decoded to fp32, equal to dequantize_row: fp8_e4m3 in registers (the bytes `ahead`
 /// further on prefetched meanwhile: rows are too short for the hardware prefetcher to catch
 /// up within one), other formats by dequantize_row.
@@ -220,7 +208,7 @@ QFLASH_TARGET_AVX2 inline void decode_row_avx2(WeightView const& w, std::int64_t
     float const* scales = w.scale_row(r);
     for (std::int64_t i = 0; i < n8; i += 8) {  // 8 columns never straddle a 128-column tile
       if (ahead && i % 64 == 0) _mm_prefetch(reinterpret_cast<char const*>(q + i + ahead), _MM_HINT_T0);
-      _mm256_storeu_ps(y + i, avx2_fp8x8(q + i, _mm256_set1_ps(256.0f * scales[i / kFp8BlockSize])));
+      _mm256_storeu_ps(y + i, simd::avx2_fp8x8(q + i, _mm256_set1_ps(256.0f * scales[i / kFp8BlockSize])));
     }
     for (std::int64_t i = n8; i < n; ++i) y[i] = to_float(Fp8E4m3{q[i]}) * scales[i / kFp8BlockSize];
     return;

@@ -2,13 +2,15 @@
 /// The full-attention mixer of both families: q/k/v projections, per-head q/k RMSNorm fused
 /// with partial RoPE, K/V appended to the sequence's cache, causal GQA attention with the
 /// optional sigmoid output gate fused in (qwen3_5_moe: q_proj yields [query | gate] per head),
-/// and the output projection.
+/// and the output projection. K/V go to the sequence's paged cache in its heads' formats
+/// (kv_append) and attention reads them there.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "qflash/kernels/attention/op.hpp"
+#include "qflash/kernels/kv_append/op.hpp"
 #include "qflash/kernels/qk_norm_rope/op.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/model/layers/common.hpp"
@@ -47,16 +49,20 @@ class GatedAttention {
 
     for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
       std::int64_t const b = batch.begin[i], n = batch.rows_of(i);
-      AttentionCache& cache = batch.seqs[i].state->attention(layer_);
-      cache.k.insert(cache.k.end(), k + b * kv_width, k + (b + n) * kv_width);
-      cache.v.insert(cache.v.end(), v + b * kv_width, v + (b + n) * kv_width);
+      SequenceState const& state = *batch.seqs[i].state;
+      kernels::KvAppendArgs ap{};
+      ap.kv = state.kv(layer_);
+      ap.k = k + b * kv_width;
+      ap.v = v + b * kv_width;
+      ap.n_tokens = n;
+      ap.start = state.n_past();
+      check_launch(kernels::launch_kv_append<S>(Arch{}, ap, stream), "kv_append");
       kernels::AttentionArgs a{};
       a.q = q + b * q_width;
-      a.k = cache.k.data();
-      a.v = cache.v.data();
+      a.kv = ap.kv;
       a.out = o + b * q_width;
       a.n_tokens = n;
-      a.n_ctx = static_cast<std::int64_t>(cache.k.size()) / kv_width;
+      a.n_ctx = state.n_past() + n;
       a.n_head = nh;
       a.n_head_kv = nkv;
       a.d_head = dh;

@@ -1,0 +1,186 @@
+/// @file
+/// The paged KV store of full-attention layers: fixed-size blocks of `block_tokens`
+/// positions, every layer's K and V of a block at the same block id (one block table per
+/// sequence serves all layers), laid out per head in its own format (kv/map.hpp). The pool
+/// is sized in blocks, from a byte budget or a context: its arenas are allocated at once
+/// (kUpFront) or as blocks are first used (kOnDemand, for a private single-sequence pool).
+/// Running out is an Error that leaves every block as it was.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "qflash/core/error.hpp"
+#include "qflash/kv/map.hpp"
+#include "qflash/kv/view.hpp"
+#include "qflash/model/config.hpp"
+
+namespace qflash::kv {
+
+/// Positions per block.
+inline constexpr int kBlockTokens = 16;
+
+/// Where each layer's heads sit inside a block (KvView's static part).
+class KvLayout {
+ public:
+  /// Layers' heads as `map` has them: every layer with heads holds n_head_kv of d_head.
+  KvLayout(KvMap map, int n_head_kv, int d_head, int block_tokens = kBlockTokens)
+      : map_(std::move(map)), block_tokens_(block_tokens), d_head_(d_head), n_head_kv_(n_head_kv) {
+    QFLASH_CHECK(block_tokens > 0 && n_head_kv > 0 && d_head > 0, "KV layout: block_tokens ", block_tokens,
+                 ", n_head_kv ", n_head_kv, " and d_head ", d_head, " must be positive");
+    layers_.resize(map_.n_layer());
+    for (std::size_t l = 0; l < map_.n_layer(); ++l) {
+      std::vector<KvFormats> const& f = map_.layer(l);
+      QFLASH_CHECK(f.empty() || f.size() == static_cast<std::size_t>(n_head_kv), "KV map: layer ", l, " has ",
+                   f.size(), " heads, expected ", n_head_kv);
+      Layer& out = layers_[l];
+      for (KvFormats const& h : f) {
+        KvHeadLayout hl;
+        hl.k_format = h.k;
+        hl.v_format = h.v;
+        hl.k_bytes = static_cast<std::int32_t>(kv_head_bytes(h.k, d_head_));
+        hl.v_bytes = static_cast<std::int32_t>(kv_head_bytes(h.v, d_head_));
+        hl.k_offset = out.block_bytes;
+        out.block_bytes += std::int64_t{block_tokens} * hl.k_bytes;
+        hl.v_offset = out.block_bytes;
+        out.block_bytes += std::int64_t{block_tokens} * hl.v_bytes;
+        out.heads.push_back(hl);
+      }
+    }
+  }
+
+  /// A model's layout: heads in its full-attention layers only.
+  KvLayout(model::ModelConfig const& cfg, KvMap map, int block_tokens = kBlockTokens)
+      : KvLayout(checked(cfg, std::move(map)), cfg.n_head_kv, cfg.d_head, block_tokens) {}
+
+  [[nodiscard]] KvMap const& map() const { return map_; }
+  [[nodiscard]] int block_tokens() const { return block_tokens_; }
+  [[nodiscard]] int d_head() const { return d_head_; }
+  [[nodiscard]] int n_head_kv() const { return n_head_kv_; }
+  [[nodiscard]] std::size_t n_layer() const { return layers_.size(); }
+  [[nodiscard]] bool holds_kv(std::size_t layer) const { return !layers_[layer].heads.empty(); }
+  [[nodiscard]] std::span<KvHeadLayout const> heads(std::size_t layer) const { return layers_[layer].heads; }
+  /// One block of one layer.
+  [[nodiscard]] std::int64_t layer_block_bytes(std::size_t layer) const { return layers_[layer].block_bytes; }
+  /// One block of every layer.
+  [[nodiscard]] std::int64_t block_bytes() const {
+    std::int64_t b = 0;
+    for (Layer const& l : layers_) b += l.block_bytes;
+    return b;
+  }
+
+ private:
+  static KvMap checked(model::ModelConfig const& cfg, KvMap map) {
+    QFLASH_CHECK(map.n_layer() == cfg.layer_types.size(), "KV map: ", map.n_layer(), " layers, the model has ",
+                 cfg.layer_types.size());
+    for (std::size_t l = 0; l < map.n_layer(); ++l) {
+      bool const full = cfg.layer_types[l] == model::LayerKind::kFullAttention;
+      QFLASH_CHECK(map.layer(l).size() == (full ? static_cast<std::size_t>(cfg.n_head_kv) : 0u), "KV map: layer ", l,
+                   " has ", map.layer(l).size(), " heads, expected ", full ? cfg.n_head_kv : 0,
+                   full ? " (the model's KV heads)" : " (a linear-attention layer holds no KV)");
+    }
+    return map;
+  }
+
+  struct Layer {
+    std::vector<KvHeadLayout> heads;
+    std::int64_t block_bytes = 0;
+  };
+  KvMap map_;
+  int block_tokens_;
+  int d_head_;
+  int n_head_kv_;
+  std::vector<Layer> layers_;
+};
+
+class KvBlockPool {
+ public:
+  enum class Allocation { kUpFront, kOnDemand };
+
+  /// A pool of `capacity` blocks.
+  KvBlockPool(KvLayout layout, std::int64_t capacity, Allocation a = Allocation::kUpFront)
+      : layout_(std::move(layout)), capacity_(capacity), arenas_(layout_.n_layer()) {
+    QFLASH_CHECK(capacity >= 0 && capacity <= INT32_MAX, "KV pool: ", capacity, " blocks is not a valid size");
+    if (a == Allocation::kUpFront) grow(capacity);
+  }
+
+  /// The most blocks of `layout` that fit in `bytes`.
+  static std::int64_t blocks_in(KvLayout const& layout, std::int64_t bytes) {
+    std::int64_t const per = layout.block_bytes();
+    return per == 0 ? 0 : std::max<std::int64_t>(0, bytes / per);
+  }
+  /// Blocks that hold `positions` positions.
+  [[nodiscard]] std::int64_t blocks_for(std::int64_t positions) const {
+    return (positions + layout_.block_tokens() - 1) / layout_.block_tokens();
+  }
+
+  [[nodiscard]] KvLayout const& layout() const { return layout_; }
+  [[nodiscard]] std::int64_t capacity() const { return capacity_; }
+  [[nodiscard]] std::int64_t used_blocks() const { return next_ - static_cast<std::int64_t>(free_.size()); }
+  [[nodiscard]] std::int64_t free_blocks() const { return capacity_ - used_blocks(); }
+  /// Bytes the arenas hold now.
+  [[nodiscard]] std::int64_t reserved_bytes() const { return allocated_ * layout_.block_bytes(); }
+
+  /// Appends `n` blocks to `table`, or throws (naming what was asked and what is free)
+  /// with `table` and the pool unchanged.
+  void allocate(std::int64_t n, std::vector<std::int32_t>& table) {
+    if (n <= 0) return;
+    QFLASH_CHECK(n <= free_blocks(), "KV cache full: ", n, " more blocks of ", layout_.block_tokens(),
+                 " tokens needed, ", free_blocks(), " of ", capacity_, " free (", layout_.block_bytes(),
+                 " bytes each); give the KV cache more memory or use shorter or fewer sequences");
+    std::int64_t const fresh = std::max<std::int64_t>(0, n - static_cast<std::int64_t>(free_.size()));
+    if (next_ + fresh > allocated_) grow(std::min(capacity_, std::max(next_ + fresh, 2 * allocated_)));
+    table.reserve(table.size() + static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (!free_.empty()) {
+        table.push_back(free_.back());
+        free_.pop_back();
+      } else {
+        table.push_back(static_cast<std::int32_t>(next_++));
+      }
+    }
+  }
+
+  /// Gives blocks back.
+  void release(std::span<std::int32_t const> blocks) {
+    for (std::int32_t b : blocks) {
+      QFLASH_CHECK(b >= 0 && b < next_, "KV pool: block ", b, " was never allocated");
+      free_.push_back(b);
+    }
+  }
+
+  /// Layer `layer`'s view of the sequence whose blocks are `table`.
+  [[nodiscard]] KvView view(std::size_t layer, std::span<std::int32_t const> table) {
+    KvView v;
+    v.base = arenas_[layer].data();
+    v.block_bytes = layout_.layer_block_bytes(layer);
+    v.block_table = table.data();
+    v.n_blocks = static_cast<std::int64_t>(table.size());
+    v.block_tokens = layout_.block_tokens();
+    v.n_head_kv = layout_.n_head_kv();
+    v.d_head = layout_.d_head();
+    v.heads = layout_.heads(layer).data();
+    return v;
+  }
+
+ private:
+  /// Arenas for `blocks` blocks; 8 bytes of tail room let SIMD readers load a whole word at
+  /// a vector's last bytes.
+  void grow(std::int64_t blocks) {
+    for (std::size_t l = 0; l < arenas_.size(); ++l)
+      if (layout_.holds_kv(l))
+        arenas_[l].resize(static_cast<std::size_t>(blocks * layout_.layer_block_bytes(l) + 8));
+    allocated_ = blocks;
+  }
+
+  KvLayout layout_;
+  std::int64_t capacity_ = 0;
+  std::int64_t allocated_ = 0;        ///< blocks the arenas hold
+  std::int64_t next_ = 0;             ///< blocks handed out at least once
+  std::vector<std::int32_t> free_;    ///< returned blocks, reused first
+  std::vector<std::vector<std::uint8_t>> arenas_;
+};
+
+}  // namespace qflash::kv

@@ -51,7 +51,7 @@ struct BenchOptions {
   int layers = 0, vocab = 0;
   std::string weights = "auto";
   std::vector<int> n_prompt{512}, n_gen{128}, n_depth{0}, threads;
-  std::string kv = "f32";
+  KvOptions kv;
   int repetitions = 5;
   bool json = false, no_verify = false;
   std::string plot;
@@ -95,7 +95,7 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->delimiter(',')
       ->check(integer_in(0))
       ->capture_default_str();
-  add_kv_option(cmd, o.kv);
+  add_kv_options(cmd, o.kv);
   cmd->add_option("-t,--threads", o.threads, "thread counts to bench, e.g. 1,2 (default: one per physical core)")
       ->delimiter(',')
       ->check(integer_in(1));
@@ -305,10 +305,10 @@ inline std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, int n, int 
   return ids;
 }
 
-/// A sequence in `kv` formats already holding `depth` (filled in chunks of 512, untimed), with
+/// A sequence with `kv`'s formats already holding `depth` (filled in chunks of 512, untimed), with
 /// blocks reserved for `more` tokens after them.
 template <class Model>
-model::SequenceState filled_sequence(Model& m, kv::KvFormats kv, std::vector<std::int32_t> const& depth, int more,
+model::SequenceState filled_sequence(Model& m, kv::KvMap const& kv, std::vector<std::int32_t> const& depth, int more,
                                      std::vector<float>& logits) {
   auto state = m.new_sequence(kv);
   state.reserve(static_cast<std::int64_t>(depth.size()) + more);
@@ -389,7 +389,7 @@ inline int cmd_bench(BenchOptions o) {
   } else {
     cfg = peek_config(o.model);
   }
-  kv::KvFormats const kv = parse_kv_option(o.kv);
+  check_kv_options(o.kv);
   int const max_depth = *std::max_element(o.n_depth.begin(), o.n_depth.end());
   for (auto const* list : {&o.n_prompt, &o.n_gen})
     for (int n : *list)
@@ -436,8 +436,9 @@ inline int cmd_bench(BenchOptions o) {
   Context ctx;
   ctx.model = model_label(o, cfg);
   ctx.format = format_label(loaded);
-  ctx.kv = kv::to_string(kv);
-  ctx.kv_bytes_per_position = kv::KvMap::uniform(cfg, kv).bytes_per_token(cfg.d_head);
+  kv::KvMap const kv = resolve_kv(o.kv, cfg, synthetic ? std::string() : o.model);
+  ctx.kv = describe_kv(kv);
+  ctx.kv_bytes_per_position = kv.bytes_per_token(cfg.d_head);
   ctx.n_layer = cfg.n_layer;
   ctx.vocab = cfg.vocab;
   ctx.repetitions = o.repetitions;

@@ -24,7 +24,7 @@ struct BudgetOptions {
   std::string model = QFLASH_DEFAULT_MODEL_DIR;
   std::string preset;
   std::string weights = "auto";
-  std::string kv = "bf16";
+  KvOptions kv;
   std::vector<long long> contexts{4096, 8192, 16384, 32768};
   long long seqs = 1;
   std::string memory;
@@ -73,7 +73,7 @@ inline void add_budget_options(CLI::App* cmd, BudgetOptions& o) {
                   "weight format in memory, as for 'qflash run' (auto: as stored; a preset is stored in bf16)")
       ->check(CLI::IsMember(schemes))
       ->capture_default_str();
-  add_kv_option(cmd, o.kv);
+  add_kv_options(cmd, o.kv, "bf16");
   cmd->add_option("-c,--context", o.contexts, "context lengths in tokens, e.g. 4096,32768")
       ->delimiter(',')
       ->check(CLI::Range(1LL, 1LL << 40))
@@ -99,7 +99,7 @@ inline int cmd_budget(BudgetOptions const& o) {
   bool const from_preset = o.preset_flag->count() > 0;
   if (from_preset && o.model_flag->count() > 0) throw UsageError("--preset and --model exclude each other");
   std::int64_t const memory = o.memory.empty() ? 0 : parse_byte_size(o.memory, "--memory");
-  kv::KvFormats const kv = parse_kv_option(o.kv);
+  check_kv_options(o.kv);
   runtime::WeightScheme const scheme = runtime::parse_weight_scheme(o.weights);
 
   model::ModelConfig cfg;
@@ -123,13 +123,14 @@ inline int cmd_budget(BudgetOptions const& o) {
       weight_bytes = runtime::plan_weights(cfg, scheme, runtime::stored_format(cfg)).total_bytes();
     }
   }
-  auto const plan = runtime::plan_memory(cfg, weight_bytes, kv::KvMap::uniform(cfg, kv), o.chunk);
+  kv::KvMap const kv = resolve_kv(o.kv, cfg, from_preset ? std::string() : o.model, "bf16");
+  auto const plan = runtime::plan_memory(cfg, weight_bytes, kv, o.chunk);
 
   std::printf("%s: weights %s (%s), scratch %s (estimate, %lld-token chunks)\n", name.c_str(),
               human_bytes(static_cast<double>(plan.weights)).c_str(), o.weights.c_str(),
               human_bytes(static_cast<double>(plan.scratch)).c_str(), o.chunk);
   std::printf("KV %s: %lld bytes/token (%d of %d layers hold KV, %d KV heads x %d); DeltaNet state %s per sequence\n",
-              kv::to_string(kv).c_str(),
+              describe_kv(kv).c_str(),
               static_cast<long long>(plan.kv_per_token), cfg.n_layer_of(model::LayerKind::kFullAttention), cfg.n_layer,
               cfg.n_head_kv, cfg.d_head, human_bytes(static_cast<double>(plan.state_per_sequence)).c_str());
   std::printf("\n| context | KV / seq | state / seq | total, %lld seq%s |%s\n", o.seqs, o.seqs == 1 ? "" : "s",

@@ -28,7 +28,9 @@
 #include "qflash/io/hf_config.hpp"
 #include "qflash/io/npy.hpp"
 #include "qflash/io/tokenizer.hpp"
+#include "qflash/io/kv_map.hpp"
 #include "qflash/runtime/generate.hpp"
+#include "qflash/runtime/kv_calibration.hpp"
 #include "qflash/runtime/load_model.hpp"
 #include "qflash/runtime/perplexity.hpp"
 #include "qflash/runtime/weight_plan.hpp"
@@ -53,7 +55,7 @@ struct CommonOptions {
   std::string device = "cpu";
   int threads = 0;
   bool no_verify = false;
-  std::string kv = "f32";
+  cli::KvOptions kv;
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
@@ -249,7 +251,7 @@ int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::Generate
   int const context = gen.max_context > 0 ? gen.max_context : cfg.max_position_embeddings;
   QFLASH_CHECK(static_cast<int>(ids.size()) < context, "the prompt has ", ids.size(),
                " tokens, which leaves no room to generate in a context of ", context, " tokens (-c/--ctx-size)");
-  gen.kv = kv::KvMap::uniform(cfg, cli::parse_kv_option(o.kv));
+  gen.kv = cli::resolve_kv(o.kv, cfg, o.model_dir);
   with_model(o, cfg, [&](auto& m) {
     std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
@@ -283,7 +285,7 @@ int cmd_logits(CommonOptions const& o, std::vector<std::int32_t> const& ids, std
   with_model(o, cfg, [&](auto& m) {
     std::int64_t const vocab = m.config().vocab;
     auto const t0 = std::chrono::steady_clock::now();
-    auto state = m.new_sequence(cli::parse_kv_option(o.kv));
+    auto state = m.new_sequence(cli::resolve_kv(o.kv, cfg, o.model_dir));
     std::vector<float> all, step;
     if (incremental) {
       for (auto id : ids) {
@@ -305,6 +307,91 @@ int cmd_logits(CommonOptions const& o, std::vector<std::int32_t> const& ids, std
   return cli::kExitOk;
 }
 
+struct CalibrateOptions {
+  std::string text;
+  double budget = 0.45;
+  std::string output;
+  int context = 256;
+  long long max_tokens = 4096;
+  std::vector<std::string> formats{"bf16", "fp8_e4m3", "int8", "int6"};
+};
+
+/// `qflash calibrate`: each KV head's sensitivity on a text, and the map under a byte budget.
+int cmd_calibrate(CommonOptions const& o, CalibrateOptions const& c) {
+  auto const cfg = peek_config(o);
+  QFLASH_CHECK(cfg.n_layer_of(model::LayerKind::kFullAttention) > 0, o.model_dir,
+               ": the model has no full-attention layer, so no KV to calibrate");
+  if (c.context > cfg.max_position_embeddings)
+    throw UsageError("-c/--context " + std::to_string(c.context) + " is above the model's limit of " +
+                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+  std::vector<KvFormat> formats;
+  for (auto const& name : c.formats) {
+    try {
+      formats.push_back(parse_kv_format(name));
+    } catch (Error const& e) {
+      throw UsageError(std::string("--formats: ") + e.what());
+    }
+  }
+  require_weights(o.model_dir);
+  std::string const output = !c.output.empty() ? c.output
+                             : runtime::is_gguf_file(o.model_dir)
+                                 ? o.model_dir + "." + io::kKvMapFile
+                                 : (std::filesystem::path(o.model_dir) / io::kKvMapFile).string();
+  std::string const text = cli::read_text(c.text, "--text");
+  auto tok = load_tokenizer(o.model_dir, cfg);
+  auto ids = tok.encode(text);
+  QFLASH_CHECK(ids.size() >= 2, c.text, ": encodes to ", ids.size(), " tokens; calibration needs at least 2");
+  if (static_cast<long long>(ids.size()) > c.max_tokens) ids.resize(static_cast<std::size_t>(c.max_tokens));
+  with_model(o, cfg, [&](auto& m) {
+    bool const tty = ::isatty(2) != 0;
+    auto const t0 = std::chrono::steady_clock::now();
+    auto const sens = runtime::measure_kv_sensitivity(m, ids, c.context, formats, [&](std::int64_t done, std::int64_t total) {
+      if (!tty) return;
+      double const secs = seconds_since(t0);
+      std::fprintf(stderr, "\rcalibrate: %lld/%lld forwards, %.0f s left   ", static_cast<long long>(done),
+                   static_cast<long long>(total), secs / static_cast<double>(done) * static_cast<double>(total - done));
+    });
+    if (tty) std::fprintf(stderr, "\n");
+    auto const choice = runtime::choose_kv_map(cfg, sens, c.budget);
+    std::printf("KV sensitivity: mean KL vs f32 KV (nats/token) over %lld tokens of %s, one unit in each format\n",
+                static_cast<long long>(sens.tokens), printable(c.text).c_str());
+    std::printf("| layer | head | K/V |");
+    for (KvFormat f : sens.formats) std::printf(" %s |", std::string(to_string(f)).c_str());
+    std::printf(" chosen |\n|---:|---:|---|");
+    for (std::size_t f = 0; f < sens.formats.size(); ++f) std::printf("---:|");
+    std::printf("---|\n");
+    io::Json units = io::Json::array();
+    for (std::size_t u = 0; u < sens.units.size(); ++u) {
+      runtime::KvUnit const& unit = sens.units[u];
+      kv::KvFormats const chosen = choice.map.layer(unit.layer)[static_cast<std::size_t>(unit.head)];
+      KvFormat const pick = unit.value ? chosen.v : chosen.k;
+      std::printf("| %zu | %d | %s |", unit.layer, unit.head, unit.value ? "V" : "K");
+      io::Json kl = io::Json::object();
+      for (std::size_t f = 0; f < sens.formats.size(); ++f) {
+        std::printf(" %.3g |", sens.kl[u][f]);
+        kl[std::string(to_string(sens.formats[f]))] = sens.kl[u][f];
+      }
+      std::printf(" %s |\n", std::string(to_string(pick)).c_str());
+      units.push_back({{"layer", unit.layer}, {"head", unit.head}, {"kv", unit.value ? "v" : "k"}, {"kl", kl}});
+    }
+    double const ratio = static_cast<double>(choice.bytes_per_token) / static_cast<double>(choice.bf16_bytes_per_token);
+    io::Json const calibration = {{"text", c.text},
+                                  {"tokens", sens.tokens},
+                                  {"context", c.context},
+                                  {"budget", c.budget},
+                                  {"bytes_per_token", choice.bytes_per_token},
+                                  {"bytes_vs_bf16", ratio},
+                                  {"predicted_kl", choice.predicted_kl},
+                                  {"units", units}};
+    io::write_kv_map(output, choice.map, cfg, calibration);
+    std::printf("wrote %s: %lld KV bytes/token, %.3f x bf16 (budget %.3g), predicted KL %.3g nats/token\n",
+                printable(output).c_str(), static_cast<long long>(choice.bytes_per_token), ratio, c.budget,
+                choice.predicted_kl);
+    std::fprintf(stderr, "calibrate: %.1f s\n", seconds_since(t0));
+  });
+  return cli::kExitOk;
+}
+
 int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int context) {
   auto const cfg = peek_config(o);
   if (context > cfg.max_position_embeddings)
@@ -319,7 +406,7 @@ int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int con
   with_model(o, cfg, [&](auto& m) {
     bool const tty = ::isatty(2) != 0;
     auto const t0 = std::chrono::steady_clock::now();
-    auto r = runtime::perplexity(m, ids, ctx, kv::KvMap::uniform(cfg, cli::parse_kv_option(o.kv)),
+    auto r = runtime::perplexity(m, ids, ctx, cli::resolve_kv(o.kv, cfg, o.model_dir),
                                  [tty](std::size_t done, std::size_t total) {
       if (tty) std::fprintf(stderr, "\rperplexity: %zu/%zu tokens", done, total);
     });
@@ -390,7 +477,7 @@ int main(int argc, char** argv) {
       ->check(cli::integer_in(-1, std::numeric_limits<long long>::max()));
   run->add_option("--stop", stop, "stop string, with \\n-style escapes (repeatable)");
   run->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
-  cli::add_kv_option(run, common.kv);
+  cli::add_kv_options(run, common.kv);
 
   bool check_weights = false;
   auto* inspect = app.add_subcommand("inspect", "print the architecture, sizes and memory needs of a model (config.json is enough)");
@@ -404,7 +491,7 @@ int main(int argc, char** argv) {
   logits->add_option("--prompt-ids", ids_text, "comma-separated token ids, e.g. 1,2,3")->required();
   logits->add_option("-o,--output", output, "output .npy file")->required();
   logits->add_flag("--incremental", incremental, "one token at a time through the caches instead of one full forward");
-  cli::add_kv_option(logits, common.kv);
+  cli::add_kv_options(logits, common.kv);
 
   std::string text_path;
   int context = 0;
@@ -413,7 +500,35 @@ int main(int argc, char** argv) {
   ppl->add_option("--text", text_path, "UTF-8 text file ('-': standard input)")->required();
   ppl->add_option("-c,--context,--ctx-size", context, "window length in tokens (0: min(512, max positions))")
       ->check(cli::integer_in(0));
-  cli::add_kv_option(ppl, common.kv);
+  cli::add_kv_options(ppl, common.kv);
+
+  CalibrateOptions cal;
+  auto* calibrate = app.add_subcommand(
+      "calibrate", std::string("measure each KV head's sensitivity on a text and write the per-head formats that fit a "
+                               "byte budget (") + io::kKvMapFile + ")");
+  add_common(calibrate, common);
+  calibrate->add_option("--text", cal.text, "UTF-8 calibration text ('-': standard input)")->required();
+  calibrate->add_option("--budget", cal.budget, "KV bytes to reach, relative to bf16 KV (e.g. 0.45)")
+      ->check(cli::number_in(0, 1, /*lo_open=*/true))
+      ->capture_default_str();
+  calibrate->add_option("-o,--output", cal.output,
+                        std::string("where to write the map (default: ") + io::kKvMapFile +
+                            " in the model directory, which run, logits, perplexity and bench then use)");
+  calibrate->add_option("-c,--context", cal.context, "window length in tokens")
+      ->check(cli::integer_in(2))
+      ->capture_default_str();
+  calibrate->add_option("--max-tokens", cal.max_tokens, "calibration tokens at most (the text's first ones)")
+      ->check(cli::integer_in(2))
+      ->capture_default_str();
+  calibrate->add_option("--formats", cal.formats, "candidate formats; each unit starts in the largest")
+      ->delimiter(',')
+      ->capture_default_str();
+  calibrate->footer(
+      "A unit is one (layer, KV head, K or V). Its sensitivity to a format is the mean KL divergence of the next-token "
+      "distributions with only that unit in the format (all other KV f32) from those with all KV f32, over windows of "
+      "--context tokens. Starting from every unit in the largest format, the unit whose next smaller format adds the "
+      "least KL per byte saved takes it, until the KV bytes are within the budget. Costs one forward per window and "
+      "per (unit, format).");
 
   cli::BenchOptions bench_opts;
   bench_opts.model = QFLASH_DEFAULT_MODEL_DIR;
@@ -473,13 +588,22 @@ int main(int argc, char** argv) {
     }
     if (*ppl && text_path != "-" && !std::filesystem::is_regular_file(text_path))
       throw UsageError("--text: '" + printable(text_path) + "' is not a file");
+    if (*calibrate && cal.text != "-" && !std::filesystem::is_regular_file(cal.text))
+      throw UsageError("--text: '" + printable(cal.text) + "' is not a file");
+    if (*calibrate && !cal.output.empty()) {
+      auto const dir = std::filesystem::path(cal.output).parent_path();
+      std::error_code ec;
+      if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+        throw UsageError("-o/--output: directory '" + printable(dir.string()) + "' does not exist");
+    }
 
-    if (*run || *logits || *ppl) (void)cli::parse_kv_option(common.kv);
+    if (*run || *logits || *ppl) cli::check_kv_options(common.kv);
 
     if (*run) return cmd_run(common, prompt, gen, ignore_eos);
     if (*inspect) return cmd_inspect(common, verbose, check_weights);
     if (*logits) return cmd_logits(common, ids, output, incremental);
     if (*ppl) return cmd_perplexity(common, text_path, context);
+    if (*calibrate) return cmd_calibrate(common, cal);
     if (*bench) return cli::cmd_bench(bench_opts);
     if (*budget) return cli::cmd_budget(budget_opts);
   } catch (UsageError const& e) {

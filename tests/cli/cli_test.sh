@@ -99,6 +99,57 @@ case $case in
     expect_rc 2
     expect_err "error: --kv: unknown KV format ''"
     ;;
+  calibrate)  # per-head sensitivity, the map beside the model, and --kv / --kv-map over it
+    cp -r "$tiny" "$tmp/m"
+    printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..12} >"$tmp/cal.txt"
+    ids=171,56,115,66,64,182,125,75,29,93
+    run logits --model "$tmp/m" --prompt-ids $ids --output "$tmp/exact.npy"
+    expect_rc 0
+    run calibrate --model "$tmp/m" --text "$tmp/cal.txt" --budget 0.6 -c 64
+    expect_rc 0
+    expect_out "^\| 3 \| 1 \| V \|"
+    expect_out "wrote .*m/kv_compression_map.json: [0-9]+ KV bytes/token, 0\.[0-9]+ x bf16 \(budget 0\.6\)"
+    python3 - "$tmp/m/kv_compression_map.json" <<'PY' || fail "bad map file"
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert (m["qflash_kv_map"], m["n_layer"], m["n_head_kv"], m["d_head"]) == (1, 4, 2, 32), m
+assert list(m["layers"]) == ["3"] and len(m["layers"]["3"]["k"]) == 2, m
+assert m["calibration"]["bytes_vs_bf16"] <= 0.6 and len(m["calibration"]["units"]) == 4, m
+PY
+    # The map beside the model applies by default; --kv f32 and --kv-map choose otherwise.
+    run logits --model "$tmp/m" --prompt-ids $ids --output "$tmp/mapped.npy"
+    expect_rc 0
+    cmp -s "$tmp/exact.npy" "$tmp/mapped.npy" && fail "the map beside the model was not used"
+    run logits --model "$tmp/m" --prompt-ids $ids --output "$tmp/f32.npy" --kv f32
+    expect_rc 0
+    cmp -s "$tmp/exact.npy" "$tmp/f32.npy" || fail "--kv f32 did not override the map"
+    mv "$tmp/m/kv_compression_map.json" "$tmp/map.json"
+    run logits --model "$tmp/m" --prompt-ids $ids --output "$tmp/explicit.npy" --kv-map "$tmp/map.json"
+    expect_rc 0
+    cmp -s "$tmp/mapped.npy" "$tmp/explicit.npy" || fail "--kv-map gave other logits than the same map beside the model"
+    run budget --model "$tmp/m" --kv-map "$tmp/map.json"
+    expect_rc 0
+    expect_out "^KV (mixed|int8|int6|fp8_e4m3|bf16[:a-z0-9_]*): [0-9]+ bytes/token"
+    # Mistakes: each named.
+    run calibrate --model "$tmp/m" --text "$tmp/cal.txt" --budget 0.3
+    expect_rc 1
+    expect_err "a budget of 0.3 x bf16 KV is below what int6 everywhere takes"
+    run calibrate --model "$tmp/m" --text "$tmp/cal.txt" --budget 1.5
+    expect_rc 2
+    run calibrate --model "$tmp/m" --text "$tmp/cal.txt" --formats bf16,q4
+    expect_rc 2
+    expect_err "error: --formats: unknown KV format 'q4'"
+    run logits --model "$tmp/m" --prompt-ids $ids --output "$tmp/x.npy" --kv int6 --kv-map "$tmp/map.json"
+    expect_rc 2
+    expect_err "excludes"
+    run run --model "$tmp/m" --kv-map "$tmp/none.json"
+    expect_rc 2
+    expect_err "error: --kv-map: '.*none.json' is not a file"
+    printf '{"qflash_kv_map": 1, "n_layer": 4, "n_head_kv": 2, "d_head": 32, "layers": {"3": {"k": ["bf16"], "v": []}}}' >"$tmp/bad.json"
+    run logits --model "$tmp/m" --prompt-ids $ids --output "$tmp/x.npy" --kv-map "$tmp/bad.json"
+    expect_rc 1
+    expect_err "bad.json: field 'layers.3.k' lists 1 formats, expected one per KV head \(2\)"
+    ;;
   bad_ids)
     run logits --model "$tiny" --prompt-ids 1,x,3 --output "$tmp/l.npy"
     expect_rc 2
@@ -290,7 +341,7 @@ case $case in
     expect_err "error: -ngl: qflash does not split layers between CPU and GPU.*--device"
     run frobnicate --model "$tiny"
     expect_rc 2
-    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, bench, budget\)"
+    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, calibrate, bench, budget\)"
     run --version
     expect_rc 0
     expect_out "^qflash [0-9]+\.[0-9]+\.[0-9]+"

@@ -132,9 +132,10 @@ TEST_CASE("fixtures: logits, greedy continuation and incremental decode equal tr
 
 TEST_CASE("KV schemes: incremental decode equals a full forward over the same compressed KV") {
   // The two paths compute K/V in different summation orders, so a value a last bit apart can
-  // round to the neighbouring code: compressed schemes move the logits by up to 6.1e-4 here
-  // (fp8_e4m3, qwen3_5_moe_tiny); f32 KV is held to the fixtures' tolerance.
-  constexpr double kOneCodeTol = 2e-3;
+  // round to the neighbouring code: compressed schemes move the logits by up to 2.3e-3 here
+  // (int6 and int8, Debug and Release builds), against 0.06-0.7 between a compressed scheme
+  // and f32 KV; f32 KV is held to the fixtures' tolerance.
+  constexpr double kOneCodeTol = 1e-2;
   for (std::string name : {"qwen3_5_moe_tiny", "qwen3_moe_tiny"}) {
     CAPTURE(name);
     Fixture fx(name);

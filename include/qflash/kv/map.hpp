@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,17 +94,25 @@ class KvMap {
     layers_[layer][static_cast<std::size_t>(head)] = f;
   }
 
-  /// The one scheme that covers every head: a uniform format's (when keys and values share
-  /// it), else kMixed.
-  [[nodiscard]] KvScheme scheme() const {
-    bool first = true;
-    KvFormats seen{};
+  /// The formats every head shares, or nullopt when they differ or there is no head.
+  [[nodiscard]] std::optional<KvFormats> uniform_formats() const {
+    std::optional<KvFormats> seen;
     for (auto const& l : layers_)
       for (KvFormats const& f : l) {
-        if (first) seen = f, first = false;
-        if (!(f == seen) || f.k != f.v) return KvScheme::kMixed;
+        if (seen && !(*seen == f)) return std::nullopt;
+        seen = f;
       }
-    return first ? KvScheme::kAny : scheme_of(seen.k);
+    return seen;
+  }
+
+  /// The one scheme that covers every head: a uniform format's (when keys and values share
+  /// it), else kMixed (kAny for a map without heads).
+  [[nodiscard]] KvScheme scheme() const {
+    std::optional<KvFormats> const f = uniform_formats();
+    if (f) return f->k == f->v ? scheme_of(f->k) : KvScheme::kMixed;
+    for (auto const& l : layers_)
+      if (!l.empty()) return KvScheme::kMixed;
+    return KvScheme::kAny;
   }
 
   /// K and V bytes of one token over every layer and head.

@@ -47,6 +47,20 @@ struct AttentionGroup {
   float* out;  // head j at out + j * d
 };
 
+/// The group's running softmax: scores of one step, max and sum per head; the outputs start at 0.
+struct OnlineSoftmax {
+  float p[kGroupPass][kKeyBlock];
+  float mx[kGroupPass];
+  float sum[kGroupPass];
+  explicit OnlineSoftmax(AttentionGroup const& g) {
+    for (int j = 0; j < g.n_q; ++j) {
+      std::fill(g.out + j * g.d, g.out + (j + 1) * g.d, 0.0f);
+      mx[j] = -INFINITY;
+      sum[j] = 0;
+    }
+  }
+};
+
 /// Keys [s, s + n) that one tile takes: up to the end of s's block, of the range, and kTileKeys.
 inline int tile_keys(kv::KvView const& kv, std::int64_t s, std::int64_t end) {
   return static_cast<int>(std::min<std::int64_t>({end - s, kv.block_tokens - s % kv.block_tokens, kTileKeys}));
@@ -68,13 +82,10 @@ void attention_group_scalar(AttentionGroup const& g) {
   KvFormat const kf = kv::compiled_format(Scheme, hl.k_format), vf = kv::compiled_format(Scheme, hl.v_format);
   int const d = g.d;
   float tile[kTileKeys * kMaxHeadDim];
-  float p[kGroupPass][kKeyBlock];
-  float mx[kGroupPass], sum[kGroupPass];
-  for (int j = 0; j < g.n_q; ++j) {
-    std::fill(g.out + j * d, g.out + (j + 1) * d, 0.0f);
-    mx[j] = -INFINITY;
-    sum[j] = 0;
-  }
+  OnlineSoftmax st(g);
+  auto& p = st.p;
+  auto& mx = st.mx;
+  auto& sum = st.sum;
   for (std::int64_t s0 = 0; s0 < g.n_keys; s0 += kKeyBlock) {
     std::int64_t const s1 = std::min<std::int64_t>(s0 + kKeyBlock, g.n_keys);
     for (std::int64_t s = s0; s < s1;) {
@@ -245,13 +256,10 @@ QFLASH_TARGET_AVX2 void attention_group_avx2(AttentionGroup const& g) {
   KvFormat const kf = kv::compiled_format(Scheme, hl.k_format), vf = kv::compiled_format(Scheme, hl.v_format);
   int const d = g.d;
   alignas(32) float tile[kTileKeys * kMaxHeadDim];
-  float p[kGroupPass][kKeyBlock];
-  float mx[kGroupPass], sum[kGroupPass];
-  for (int j = 0; j < g.n_q; ++j) {
-    std::fill(g.out + j * d, g.out + (j + 1) * d, 0.0f);
-    mx[j] = -INFINITY;
-    sum[j] = 0;
-  }
+  OnlineSoftmax st(g);
+  auto& p = st.p;
+  auto& mx = st.mx;
+  auto& sum = st.sum;
   for (std::int64_t s0 = 0; s0 < g.n_keys; s0 += kKeyBlock) {
     std::int64_t const s1 = std::min<std::int64_t>(s0 + kKeyBlock, g.n_keys);
     for (std::int64_t s = s0; s < s1;) {

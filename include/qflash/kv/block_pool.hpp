@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -103,7 +105,7 @@ class KvBlockPool {
   KvBlockPool(KvLayout layout, std::int64_t capacity, Allocation a = Allocation::kUpFront)
       : layout_(std::move(layout)), capacity_(capacity), arenas_(layout_.n_layer()) {
     QFLASH_CHECK(capacity >= 0 && capacity <= INT32_MAX, "KV pool: ", capacity, " blocks is not a valid size");
-    if (a == Allocation::kUpFront) grow(capacity);
+    if (a == Allocation::kUpFront) grow(capacity, /*commit=*/true);
   }
 
   /// The most blocks of `layout` that fit in `bytes`.
@@ -120,7 +122,7 @@ class KvBlockPool {
   [[nodiscard]] std::int64_t capacity() const { return capacity_; }
   [[nodiscard]] std::int64_t used_blocks() const { return next_ - static_cast<std::int64_t>(free_.size()); }
   [[nodiscard]] std::int64_t free_blocks() const { return capacity_ - used_blocks(); }
-  /// Bytes the arenas hold now.
+  /// Bytes the arenas hold now (allocated; kOnDemand's untouched room is not resident).
   [[nodiscard]] std::int64_t reserved_bytes() const { return allocated_ * layout_.block_bytes(); }
 
   /// Appends `n` blocks to `table`, or throws (naming what was asked and what is free)
@@ -154,7 +156,7 @@ class KvBlockPool {
   /// Layer `layer`'s view of the sequence whose blocks are `table`.
   [[nodiscard]] KvView view(std::size_t layer, std::span<std::int32_t const> table) {
     KvView v;
-    v.base = arenas_[layer].data();
+    v.base = arenas_[layer].get();
     v.block_bytes = layout_.layer_block_bytes(layer);
     v.block_table = table.data();
     v.n_blocks = static_cast<std::int64_t>(table.size());
@@ -166,12 +168,19 @@ class KvBlockPool {
   }
 
  private:
-  /// Arenas for `blocks` blocks; 8 bytes of tail room let SIMD readers load a whole word at
-  /// a vector's last bytes.
-  void grow(std::int64_t blocks) {
-    for (std::size_t l = 0; l < arenas_.size(); ++l)
-      if (layout_.holds_kv(l))
-        arenas_[l].resize(static_cast<std::size_t>(blocks * layout_.layer_block_bytes(l) + 8));
+  /// Arenas for `blocks` blocks, keeping the blocks handed out so far; 8 bytes of tail room
+  /// let SIMD readers load a whole word at a vector's last bytes. The new memory is left
+  /// untouched (so unused room costs no resident memory) except by kUpFront, which commits it.
+  void grow(std::int64_t blocks, bool commit = false) {
+    for (std::size_t l = 0; l < arenas_.size(); ++l) {
+      if (!layout_.holds_kv(l)) continue;
+      std::size_t const bytes = static_cast<std::size_t>(blocks * layout_.layer_block_bytes(l) + 8);
+      std::unique_ptr<std::uint8_t[]> arena(new std::uint8_t[bytes]);  // not value-initialized
+      if (arenas_[l])
+        std::memcpy(arena.get(), arenas_[l].get(), static_cast<std::size_t>(next_ * layout_.layer_block_bytes(l)));
+      if (commit) std::memset(arena.get(), 0, bytes);
+      arenas_[l] = std::move(arena);
+    }
     allocated_ = blocks;
   }
 
@@ -180,7 +189,7 @@ class KvBlockPool {
   std::int64_t allocated_ = 0;        ///< blocks the arenas hold
   std::int64_t next_ = 0;             ///< blocks handed out at least once
   std::vector<std::int32_t> free_;    ///< returned blocks, reused first
-  std::vector<std::vector<std::uint8_t>> arenas_;
+  std::vector<std::unique_ptr<std::uint8_t[]>> arenas_;  ///< per layer; null for layers without KV
 };
 
 }  // namespace qflash::kv

@@ -25,6 +25,7 @@
 #include "qflash/kernels/gated_delta/cpu.hpp"
 #include "qflash/kernels/gated_rmsnorm/cpu.hpp"
 #include "qflash/kernels/gdn_gates/cpu.hpp"
+#include "qflash/kernels/kv_append/cpu.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
 #include "qflash/kernels/qk_norm_rope/cpu.hpp"
 #include "qflash/kernels/router_topk/cpu.hpp"

@@ -26,14 +26,7 @@ class LayerCache {
   /// Appends n positions of K and V, each [n, n_head_kv, d_head] fp32.
   void append(float const* k, float const* v, std::int64_t n) {
     pool_.allocate(pool_.blocks_for(n_ + n) - static_cast<std::int64_t>(table_.size()), table_);
-    KvView const view = this->view();
-    int const d = view.d_head;
-    for (std::int64_t t = 0; t < n; ++t)
-      for (int h = 0; h < n_head_kv_; ++h) {
-        std::int64_t const row = (t * n_head_kv_ + h) * d;
-        kv_encode(view.heads[h].k_format, k + row, d, view.key(n_ + t, h));
-        kv_encode(view.heads[h].v_format, v + row, d, view.value(n_ + t, h));
-      }
+    encode_positions(view(), k, v, n_, n);
     n_ += n;
   }
 

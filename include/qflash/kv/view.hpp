@@ -51,4 +51,18 @@ struct KvView {
   }
 };
 
+/// Stores positions [start, start + n) of every head from fp32 k and v, each
+/// [n, n_head_kv, d_head], one vector after another (kv_encode): the plain form of
+/// kernels/kv_append.
+QFLASH_HD inline void encode_positions(KvView const& view, float const* k, float const* v, std::int64_t start,
+                                       std::int64_t n) {
+  int const d = view.d_head;
+  for (std::int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < view.n_head_kv; ++h) {
+      std::int64_t const row = (t * view.n_head_kv + h) * d;
+      kv_encode(view.heads[h].k_format, k + row, d, view.key(start + t, h));
+      kv_encode(view.heads[h].v_format, v + row, d, view.value(start + t, h));
+    }
+}
+
 }  // namespace qflash::kv

@@ -98,14 +98,18 @@ QFLASH_HD constexpr Int6Params int6_params(float const* x, std::size_t n) {
   return {(hi - lo) / kInt6Max, lo};
 }
 
-/// One value -> its code under `p`.
-QFLASH_HD constexpr std::uint8_t int6_quantize(float x, Int6Params p) {
+/// One value -> its code in [0, levels] under `p` (levels <= 255): the asymmetric rounding
+/// every such format shares.
+QFLASH_HD constexpr std::uint8_t asym_quantize(float x, Int6Params p, int levels) {
   if (!(p.scale > 0.0f)) return 0;
   float const v = (x - p.min) / p.scale;
   if (!(v > 0.0f)) return 0;  // also NaN
-  if (v >= static_cast<float>(kInt6Max)) return kInt6Max;
+  if (v >= static_cast<float>(levels)) return static_cast<std::uint8_t>(levels);
   return static_cast<std::uint8_t>(detail::round_half_away(v));
 }
+
+/// One value -> its code under `p`.
+QFLASH_HD constexpr std::uint8_t int6_quantize(float x, Int6Params p) { return asym_quantize(x, p, kInt6Max); }
 
 /// One code -> its value under `p`.
 QFLASH_HD constexpr float int6_dequantize(std::uint8_t q, Int6Params p) {

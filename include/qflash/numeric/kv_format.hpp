@@ -124,14 +124,6 @@ QFLASH_HD constexpr Int6Params kv_group_params(float const* x, int n, int levels
   return {to_float(to_fp16_up(range)), min};
 }
 
-QFLASH_HD constexpr std::uint8_t kv_quantize(float x, Int6Params p, int levels) {
-  if (!(p.scale > 0.0f)) return 0;
-  float const v = (x - p.min) / p.scale;
-  if (!(v > 0.0f)) return 0;  // also NaN
-  if (v >= static_cast<float>(levels)) return static_cast<std::uint8_t>(levels);
-  return static_cast<std::uint8_t>(round_half_away(v));
-}
-
 }  // namespace detail
 
 /// Byte offset of group g's codes inside an int8/int6 token-head vector of d values.
@@ -171,11 +163,11 @@ QFLASH_HD constexpr void kv_encode(KvFormat f, float const* x, int d, std::uint8
         detail::put_u16(out + 4 * g + 2, to_fp16(p.min).bits);
         std::uint8_t* codes = out + kv_group_codes_offset(f, d, g);
         if (f == KvFormat::kInt8) {
-          for (int i = 0; i < n; ++i) codes[i] = detail::kv_quantize(xg[i], p, levels);
+          for (int i = 0; i < n; ++i) codes[i] = asym_quantize(xg[i], p, levels);
         } else {
           for (int i0 = 0; i0 < n; i0 += kInt6PerGroup) {
             std::uint8_t q[kInt6PerGroup] = {0, 0, 0, 0};
-            for (int k = 0; k < kInt6PerGroup && i0 + k < n; ++k) q[k] = detail::kv_quantize(xg[i0 + k], p, levels);
+            for (int k = 0; k < kInt6PerGroup && i0 + k < n; ++k) q[k] = asym_quantize(xg[i0 + k], p, levels);
             int6_pack(q, kInt6PerGroup, codes + i0 / kInt6PerGroup * kInt6GroupBytes);
           }
         }

@@ -11,15 +11,7 @@
 
 namespace qflash::kernels::ref {
 
-inline void kv_append(KvAppendArgs const& a) {
-  int const d = a.kv.d_head;
-  for (std::int64_t t = 0; t < a.n_tokens; ++t)
-    for (int h = 0; h < a.kv.n_head_kv; ++h) {
-      std::int64_t const row = (t * a.kv.n_head_kv + h) * d;
-      kv_encode(a.kv.heads[h].k_format, a.k + row, d, a.kv.key(a.start + t, h));
-      kv_encode(a.kv.heads[h].v_format, a.v + row, d, a.kv.value(a.start + t, h));
-    }
-}
+inline void kv_append(KvAppendArgs const& a) { kv::encode_positions(a.kv, a.k, a.v, a.start, a.n_tokens); }
 
 /// Keys and values of positions [0, n).
 struct GatheredKv {

@@ -28,7 +28,7 @@ TEST_CASE("CPU ISA detection and names") {
   CpuIsa const detected = detect_cpu_isa();
   CHECK(cpu_isa() <= detected);
   CpuIsa parsed{};
-  for (auto isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+  for (auto isa : kAllCpuIsas) {
     REQUIRE(parse_cpu_isa(to_string(isa), parsed));
     CHECK(parsed == isa);
   }

@@ -45,9 +45,10 @@ QFLASH_TARGET_AVX2 void simd_eval(float const* x, float* exp_out, float* silu_ou
 }
 #endif
 
+/// The levels with code of their own in these ops (kAvx512Bf16 runs kAvx512Vnni's), up to this CPU's.
 std::vector<arch::CpuIsa> isas_here() {
-  std::vector<arch::CpuIsa> out{arch::CpuIsa::kScalar};
-  for (auto isa : {arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512})
+  std::vector<arch::CpuIsa> out;
+  for (auto isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512, arch::CpuIsa::kAvx512Vnni})
     if (arch::detect_cpu_isa() >= isa) out.push_back(isa);
   return out;
 }
@@ -191,14 +192,10 @@ TEST_CASE("linear: the reference's decoded rows are the format's dequantization"
 }
 
 #if QFLASH_HAS_X86_SIMD
-TEST_CASE("linear: fp8 rows decoded with AVX2 are dequantize_row's floats, bit for bit") {
-  if (arch::detect_cpu_isa() < arch::CpuIsa::kAvx2) {
-    MESSAGE("skipped: this CPU has no AVX2");
-    return;
-  }
+TEST_CASE("linear: fp8 rows decoded with AVX2 and AVX-512 are dequantize_row's floats, bit for bit") {
   auto same_bits = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
   // fp8: every byte (subnormals, both zeros, the NaNs), over two 128-column scale tiles.
-  int const cols = 256 + 5;
+  int const cols = 256 + 21;
   std::vector<std::uint8_t> codes(static_cast<std::size_t>(cols));
   for (int i = 0; i < cols; ++i) codes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 37 % 256);
   for (int i = 0; i < 256; ++i) codes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
@@ -207,11 +204,22 @@ TEST_CASE("linear: fp8 rows decoded with AVX2 are dequantize_row's floats, bit f
   fp8.scales = scales.data();
   std::vector<float> want(static_cast<std::size_t>(cols)), got(want.size());
   dequantize_row(fp8, 0, want.data());
-  cpu::decode_row_avx2(fp8, 0, got.data());
-  for (int i = 0; i < cols; ++i) {
-    CAPTURE(i);
-    float const a = got[static_cast<std::size_t>(i)], b = want[static_cast<std::size_t>(i)];
-    CHECK((same_bits(a, b) || (std::isnan(a) && std::isnan(b))));
+  for (auto isa : {arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512}) {
+    CAPTURE(to_string(isa));
+    if (arch::detect_cpu_isa() < isa) {
+      MESSAGE("skipped: this CPU has no ", to_string(isa));
+      continue;
+    }
+    std::fill(got.begin(), got.end(), -1.0f);
+    if (isa == arch::CpuIsa::kAvx2)
+      cpu::decode_row_avx2(fp8, 0, got.data());
+    else
+      cpu::decode_row_avx512(fp8, 0, got.data());
+    for (int i = 0; i < cols; ++i) {
+      CAPTURE(i);
+      float const a = got[static_cast<std::size_t>(i)], b = want[static_cast<std::size_t>(i)];
+      CHECK((same_bits(a, b) || (std::isnan(a) && std::isnan(b))));
+    }
   }
 }
 #endif

@@ -13,7 +13,8 @@ enum class CpuIsa : int {
   kScalar = 0,
   kAvx2 = 1,        ///< AVX2 + FMA + F16C
   kAvx512 = 2,      ///< AVX-512 F, BW, VL, DQ
-  kAvx512Bf16 = 3,  ///< plus AVX512_BF16 and VNNI
+  kAvx512Vnni = 3,  ///< plus AVX512_VNNI (vpdpbusd / vpdpwssd integer dot products)
+  kAvx512Bf16 = 4,  ///< plus AVX512_BF16
 };
 
 constexpr std::string_view to_string(CpuIsa isa) {
@@ -21,6 +22,7 @@ constexpr std::string_view to_string(CpuIsa isa) {
     case CpuIsa::kScalar: return "scalar";
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Vnni: return "avx512_vnni";
     case CpuIsa::kAvx512Bf16: return "avx512_bf16";
   }
   return "unknown";
@@ -35,18 +37,23 @@ inline CpuIsa detect_cpu_isa() {
   bool const avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512dq");
-  bool const avx512_bf16 = avx512 && __builtin_cpu_supports("avx512bf16") &&
-                           __builtin_cpu_supports("avx512vnni");
+  bool const avx512_vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+  bool const avx512_bf16 = avx512_vnni && __builtin_cpu_supports("avx512bf16");
   if (avx512_bf16) return CpuIsa::kAvx512Bf16;
+  if (avx512_vnni) return CpuIsa::kAvx512Vnni;
   if (avx512) return CpuIsa::kAvx512;
   if (avx2) return CpuIsa::kAvx2;
 #endif
   return CpuIsa::kScalar;
 }
 
-/// Parses "scalar", "avx2", "avx512", "avx512_bf16"; returns false on anything else.
+/// Every level, lowest first.
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Vnni,
+                                         CpuIsa::kAvx512Bf16};
+
+/// Parses "scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16"; returns false on anything else.
 inline bool parse_cpu_isa(std::string_view s, CpuIsa& out) {
-  for (auto isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+  for (auto isa : kAllCpuIsas) {
     if (s == to_string(isa)) {
       out = isa;
       return true;

@@ -21,8 +21,9 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define QFLASH_HAS_X86_SIMD 1
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 headers once intrinsics are
-// inlined at -O2+ (the `__Y = __Y` idiom of _mm512_undefined_*, GCC PR105593, fixed in 12.3).
+// GCC 12 reports -Wmaybe-uninitialized and -Wuninitialized inside its own AVX-512 headers once
+// intrinsics are inlined at -O2+ (the `__Y = __Y` idiom of _mm512_undefined_*, GCC PR105593,
+// fixed in 12.3).
 // GCC checks the pragma state both at the header's lines and along the inlining chain: silence
 // it around the include (when this is the first to include it) and, with QFLASH_SIMD_BEGIN /
 // QFLASH_SIMD_END, around code that calls intrinsics (when something included it before).
@@ -33,10 +34,12 @@
 #else
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
-#define QFLASH_SIMD_BEGIN \
-  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define QFLASH_SIMD_BEGIN                                                                          \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
 #define QFLASH_SIMD_END _Pragma("GCC diagnostic pop")
 #endif
 #else
@@ -50,6 +53,9 @@
 /// AVX-512 F/BW/VL/DQ on top of AVX2 (arch::CpuIsa::kAvx512).
 #define QFLASH_TARGET_AVX512 \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+/// AVX-512 plus VNNI (arch::CpuIsa::kAvx512Vnni).
+#define QFLASH_TARGET_AVX512_VNNI \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define QFLASH_SIMD_INLINE inline __attribute__((always_inline))
 
 QFLASH_SIMD_BEGIN
@@ -140,6 +146,24 @@ QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_store_rounded(bf16_bits* p
 // shift (even elements) and one mask (odd elements), and narrow back with one shift and one
 // word blend: half the work of converting 16 at a time through vpmovzxwd / vpmovdw. Element
 // order within a pair is interleaved; elementwise math and sums do not care.
+
+/// 64 bytes: 32 from `lo`, then 32 from `hi`.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_join(void const* lo, void const* hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(static_cast<__m256i const*>(lo))),
+                            _mm256_loadu_si256(static_cast<__m256i const*>(hi)), 1);
+}
+/// 32 bytes from `p`, then 32 zero bytes.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_low(void const* p) {
+  return _mm512_zextsi256_si512(_mm256_loadu_si256(static_cast<__m256i const*>(p)));
+}
+/// Lanes 0-7 hold `lo`, lanes 8-15 `hi`.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_halves(float lo, float hi) {
+  return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+/// int16 lanes 0-15 hold `lo`, lanes 16-31 `hi`.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_halves_epi16(short lo, short hi) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi), 1);
+}
 
 /// Elements 2i (even) and 2i+1 (odd), i in [0, 16), of 32 consecutive elements, as fp32.
 struct Avx512Pair {
@@ -266,6 +290,18 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_fp8x8(std::uint8_t const* p, _
   __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
   h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7c00)));
   return _mm256_mul_ps(_mm256_cvtph_ps(h), scale256);
+}
+
+
+/// 16 e4m3 bytes as fp32 times `scale`, as avx2_fp8x8 (`scale256` = 256 * scale).
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_fp8x16(std::uint8_t const* p, __m512 scale256) {
+  __m256i const b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<__m128i const*>(p)));
+  __m256i const mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+  __m256i const h =
+      _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+  __mmask16 const nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_or_si256(h, _mm256_set1_epi16(0x7c00)))),
+                       scale256);
 }
 
 }  // namespace qflash::kernels::simd

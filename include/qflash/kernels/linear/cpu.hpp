@@ -2,14 +2,18 @@
 /// CPU kernels/linear. Threads take blocks of output rows; within a block, tokens go in
 /// blocks whose activations stay in L2, so each weight row comes from memory once per call
 /// whatever the token count (prefill reads the weights once, not once per few tokens).
-/// - f32, bf16, f16: read in place; AVX2 micro-tiles of 4 rows x 3 tokens (12 accumulators),
-///   every weight load shared by the tile's tokens and every activation load by its rows.
+/// - f32, bf16, f16: read in place; micro-tiles of 4 rows x 3 tokens (AVX2) or 4 x 4
+///   (AVX-512), every weight load shared by the tile's tokens and every activation load by its
+///   rows. Weights are widened exactly (bf16 by a shift: no AVX512_BF16 `vdpbf16ps`, which would
+///   round the activations to bf16 and make a token's logits depend on the path).
 /// - q8_0, q4_k, q6_k, int4: activations quantized once per call to 8-bit blocks (q8_0 /
 ///   q8_k as llama.cpp does; q8_0 pairs for int4), then integer dot products per block
-///   (cpu_quant.hpp): 2 rows per pass for one token, 4 tokens per pass through a row for several.
+///   (cpu_quant.hpp: AVX2; cpu_quant_avx512.hpp: AVX-512 VNNI): a few rows per pass for one
+///   token, 4 tokens per pass through a row for several.
 /// - fp8_e4m3: rows decoded to fp32 in registers (exactly as dequantize_row), 4 at a time,
 ///   once per call, then the float tiles for every token.
-/// AVX-512 machines run the AVX2 paths; without AVX2, scalar code.
+/// Integer dot products take AVX-512 from kAvx512Vnni up (AVX2 below it), float tiles from
+/// kAvx512; without AVX2, scalar code.
 #pragma once
 
 #include <algorithm>
@@ -22,13 +26,20 @@
 #include "qflash/core/parallel.hpp"
 #include "qflash/kernels/common/cpu_simd.hpp"
 #include "qflash/kernels/linear/cpu_quant.hpp"
+#include "qflash/kernels/linear/cpu_quant_avx512.hpp"
 #include "qflash/kernels/linear/op.hpp"
 
 namespace qflash::kernels::cpu {
 
-/// Micro-tile of the float formats: rows x tokens sharing each load.
+/// The vector width a row kernel runs: AVX2 (8 fp32 lanes) or AVX-512 (16).
+enum class Simd { kAvx2, kAvx512 };
+
+/// Micro-tile of the float formats: rows x tokens sharing each load (AVX2: 12 of 16 ymm
+/// registers accumulate; AVX-512: 16 of 32 zmm).
 inline constexpr int kTileRows = 4;
 inline constexpr int kTileTokens = 3;
+template <Simd V>
+inline constexpr int kFloatTileTokens = V == Simd::kAvx512 ? 4 : kTileTokens;
 /// Activations of one token block are kept within this many bytes (an L2's share).
 inline constexpr std::int64_t kTokenBlockBytes = 256 << 10;
 
@@ -63,10 +74,11 @@ inline void store_dot(LinearRows const& p, std::int64_t t, std::int64_t o, float
     out = p.accumulate ? out + v : v;
 }
 
-/// Tokens per block so that a block's activation rows of `row_bytes` fit kTokenBlockBytes.
-inline std::int64_t token_block(std::int64_t row_bytes, std::int64_t n_tokens) {
-  std::int64_t const fit = std::max<std::int64_t>(kTileTokens, kTokenBlockBytes / std::max<std::int64_t>(1, row_bytes));
-  return std::min(n_tokens, fit / kTileTokens * kTileTokens);
+/// Tokens per block so that a block's activation rows of `row_bytes` fit kTokenBlockBytes, a
+/// multiple of the tile's `tile_tokens`.
+inline std::int64_t token_block(std::int64_t row_bytes, std::int64_t n_tokens, int tile_tokens = kTileTokens) {
+  std::int64_t const fit = std::max<std::int64_t>(tile_tokens, kTokenBlockBytes / std::max<std::int64_t>(1, row_bytes));
+  return std::min(n_tokens, fit / tile_tokens * tile_tokens);
 }
 
 QFLASH_SIMD_INLINE float widen(float v) { return v; }
@@ -167,29 +179,147 @@ QFLASH_TARGET_AVX2 void float_group_avx2(LinearRows const& p, W const* w, std::i
   }
 }
 
-/// Rows [o0, o1) of an f32 / bf16 / f16 projection. With many tokens, bf16 and f16 row groups
-/// are widened to fp32 once per token block, so the tiles' inner loop only multiplies.
+/// count weights at w widened to fp32 at out.
 template <class W>
-QFLASH_TARGET_AVX2 void float_rows_avx2(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+QFLASH_TARGET_AVX2 void widen_avx2(W const* w, std::int64_t count, float* out) {
+  std::int64_t const count8 = count / 8 * 8;
+  for (std::int64_t i = 0; i < count8; i += 8) _mm256_storeu_ps(out + i, avx2_load_weights(w + i));
+  for (std::int64_t i = count8; i < count; ++i) out[i] = widen(w[i]);
+}
+
+// ---- AVX-512 float tiles ------------------------------------------------------------------
+
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_load_weights(float const* p) { return _mm512_loadu_ps(p); }
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_load_weights(bf16_bits const* p) { return simd::avx512_load(p); }
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_load_weights(Fp16 const* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<__m256i const*>(p)));
+}
+
+/// float_tile_avx2 with 16 lanes. One bf16 token takes 32 columns per step: a weight register
+/// widens to its even and odd columns with one shift and one mask, the activations are split
+/// to match (once for the tile's R rows).
+template <class W, int R, int NT>
+QFLASH_TARGET_AVX512 void float_tile_avx512(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0) {
   std::int64_t const n = p.w.cols;
-  std::int64_t const tb = token_block(n * 4, p.n_tokens);
-  bool const widen_rows = !std::is_same_v<W, float> && p.n_tokens > kTileTokens;
-  float* const widened = widen_rows ? p.scratch->get(static_cast<std::size_t>(kTileRows * n)) : nullptr;
-  for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
-    std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
-    for (std::int64_t o = o0; o < o1; o += kTileRows) {
-      int const nr = static_cast<int>(std::min<std::int64_t>(kTileRows, o1 - o));
-      W const* w = static_cast<W const*>(p.w.data) + o * n;
-      if (!widen_rows) {
-        float_group_avx2<W>(p, w, o, nr, b0, b1);
-        continue;
+  float const* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = p.x_row(t0 + t);
+  float sums[R][NT];
+  std::int64_t done = 0;  // columns the vector loops covered
+  if constexpr (NT == 1 && std::is_same_v<W, bf16_bits>) {
+    __m512 even[R], odd[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+    for (; done + 32 <= n; done += 32) {
+      simd::Avx512Pair const xp = simd::avx512_load_pair(x[0] + done);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        // The next tile's rows (the next pages: a row may be one page, too short for the
+        // hardware prefetcher to learn before it ends).
+        _mm_prefetch(reinterpret_cast<char const*>(w + (R + r) * n + done), _MM_HINT_T0);
+        simd::Avx512Pair const wp = simd::avx512_load_pair(w + r * n + done);
+        even[r] = _mm512_fmadd_ps(wp.even, xp.even, even[r]);
+        odd[r] = _mm512_fmadd_ps(wp.odd, xp.odd, odd[r]);
       }
-      std::int64_t const count = nr * n, count8 = count / 8 * 8;
-      for (std::int64_t i = 0; i < count8; i += 8) _mm256_storeu_ps(widened + i, avx2_load_weights(w + i));
-      for (std::int64_t i = count8; i < count; ++i) widened[i] = widen(w[i]);
-      float_group_avx2<float>(p, widened, o, nr, b0, b1);
+    }
+    for (int r = 0; r < R; ++r) sums[r][0] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r]));
+  } else {
+    __m512 acc[R][NT];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    if constexpr (NT == 1) {
+      // As in float_tile_avx2: a second accumulator per row keeps 2R FMA chains in flight.
+      __m512 acc2[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc2[r] = _mm512_setzero_ps();
+      for (; done + 32 <= n; done += 32) {
+        __m512 const x0 = _mm512_loadu_ps(x[0] + done), x1 = _mm512_loadu_ps(x[0] + done + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          for (std::size_t b = 0; b < 32 * sizeof(W); b += 64)
+            _mm_prefetch(reinterpret_cast<char const*>(w + (R + r) * n + done) + b, _MM_HINT_T0);
+          acc[r][0] = _mm512_fmadd_ps(avx512_load_weights(w + r * n + done), x0, acc[r][0]);
+          acc2[r] = _mm512_fmadd_ps(avx512_load_weights(w + r * n + done + 16), x1, acc2[r]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][0] = _mm512_add_ps(acc[r][0], acc2[r]);
+    }
+    for (; done + 16 <= n; done += 16) {
+      __m512 xv[NT];
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x[t] + done);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        __m512 const wv = avx512_load_weights(w + r * n + done);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t) sums[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) {
+      float s = sums[r][t];
+      for (std::int64_t i = done; i < n; ++i) s += x[t][i] * widen(w[r * n + i]);
+      store_dot(p, t0 + t, o + r, s);
+    }
+}
+
+template <class W, int R>
+QFLASH_TARGET_AVX512 void float_tile_avx512(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0, int nt) {
+  switch (nt) {
+    case 1: return float_tile_avx512<W, R, 1>(p, w, o, t0);
+    case 2: return float_tile_avx512<W, R, 2>(p, w, o, t0);
+    case 3: return float_tile_avx512<W, R, 3>(p, w, o, t0);
+    default: return float_tile_avx512<W, R, kFloatTileTokens<Simd::kAvx512>>(p, w, o, t0);
+  }
+}
+
+/// One token through rows [o, o + nr), one row after another with 4 accumulators: the rows
+/// lie back to back, so the weights stream from memory as one sequence.
+template <class W>
+QFLASH_TARGET_AVX512 void float_rows_one_token_avx512(LinearRows const& p, W const* w, std::int64_t o, int nr,
+                                                      std::int64_t t) {
+  std::int64_t const n = p.w.cols;
+  float const* x = p.x_row(t);
+  for (int r = 0; r < nr; ++r, w += n) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    std::int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k)
+        acc[k] = _mm512_fmadd_ps(avx512_load_weights(w + i + 16 * k), _mm512_loadu_ps(x + i + 16 * k), acc[k]);
+    for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(avx512_load_weights(w + i), _mm512_loadu_ps(x + i), acc[0]);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    for (; i < n; ++i) s += x[i] * widen(w[i]);
+    store_dot(p, t, o + r, s);
+  }
+}
+
+template <class W>
+QFLASH_TARGET_AVX512 void float_group_avx512(LinearRows const& p, W const* w, std::int64_t o, int nr, std::int64_t b0,
+                                             std::int64_t b1) {
+  if (b1 - b0 == 1) return float_rows_one_token_avx512(p, w, o, nr, b0);
+  constexpr int kTokens = kFloatTileTokens<Simd::kAvx512>;
+  for (std::int64_t t = b0; t < b1; t += kTokens) {
+    int const nt = static_cast<int>(std::min<std::int64_t>(kTokens, b1 - t));
+    switch (nr) {
+      case 1: float_tile_avx512<W, 1>(p, w, o, t, nt); break;
+      case 2: float_tile_avx512<W, 2>(p, w, o, t, nt); break;
+      case 3: float_tile_avx512<W, 3>(p, w, o, t, nt); break;
+      default: float_tile_avx512<W, kTileRows>(p, w, o, t, nt); break;
     }
   }
+}
+
+template <class W>
+QFLASH_TARGET_AVX512 void widen_avx512(W const* w, std::int64_t count, float* out) {
+  std::int64_t const count16 = count / 16 * 16;
+  for (std::int64_t i = 0; i < count16; i += 16) _mm512_storeu_ps(out + i, avx512_load_weights(w + i));
+  for (std::int64_t i = count16; i < count; ++i) out[i] = widen(w[i]);
 }
 
 QFLASH_SIMD_END
@@ -216,7 +346,61 @@ QFLASH_TARGET_AVX2 inline void decode_row_avx2(WeightView const& w, std::int64_t
   dequantize_row(w, r, y);
 }
 
+/// decode_row_avx2 with 16 lanes.
+QFLASH_TARGET_AVX512 inline void decode_row_avx512(WeightView const& w, std::int64_t r, float* y, std::int64_t ahead = 0) {
+  std::int64_t const n = w.cols, n16 = n / 16 * 16;
+  if (w.format == WeightFormat::kFp8E4m3) {
+    auto const* q = reinterpret_cast<std::uint8_t const*>(w.row(r));
+    float const* scales = w.scale_row(r);
+    for (std::int64_t i = 0; i < n16; i += 16) {  // 16 columns never straddle a 128-column tile
+      if (ahead && i % 64 == 0) _mm_prefetch(reinterpret_cast<char const*>(q + i + ahead), _MM_HINT_T0);
+      _mm512_storeu_ps(y + i, simd::avx512_fp8x16(q + i, _mm512_set1_ps(256.0f * scales[i / kFp8BlockSize])));
+    }
+    for (std::int64_t i = n16; i < n; ++i) y[i] = to_float(Fp8E4m3{q[i]}) * scales[i / kFp8BlockSize];
+    return;
+  }
+  dequantize_row(w, r, y);
+}
+
 QFLASH_SIMD_END
+#endif  // QFLASH_HAS_X86_SIMD
+
+#if QFLASH_HAS_X86_SIMD
+/// Tokens [b0, b1) through rows [o, o + nr) whose fp32-compatible weights are at w.
+template <Simd V, class W>
+void float_group(LinearRows const& p, W const* w, std::int64_t o, int nr, std::int64_t b0, std::int64_t b1) {
+  if constexpr (V == Simd::kAvx512)
+    float_group_avx512<W>(p, w, o, nr, b0, b1);
+  else
+    float_group_avx2<W>(p, w, o, nr, b0, b1);
+}
+
+/// Rows [o0, o1) of an f32 / bf16 / f16 projection. With many tokens, bf16 and f16 row groups
+/// are widened to fp32 once per token block, so the tiles' inner loop only multiplies.
+template <Simd V, class W>
+void float_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+  constexpr int kTokens = kFloatTileTokens<V>;
+  std::int64_t const n = p.w.cols;
+  std::int64_t const tb = token_block(n * 4, p.n_tokens, kTokens);
+  bool const widen_rows = !std::is_same_v<W, float> && p.n_tokens > kTokens;
+  float* const widened = widen_rows ? p.scratch->get(static_cast<std::size_t>(kTileRows * n)) : nullptr;
+  for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
+    std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
+    for (std::int64_t o = o0; o < o1; o += kTileRows) {
+      int const nr = static_cast<int>(std::min<std::int64_t>(kTileRows, o1 - o));
+      W const* w = static_cast<W const*>(p.w.data) + o * n;
+      if (!widen_rows) {
+        float_group<V, W>(p, w, o, nr, b0, b1);
+        continue;
+      }
+      if constexpr (V == Simd::kAvx512)
+        widen_avx512(w, nr * n, widened);
+      else
+        widen_avx2(w, nr * n, widened);
+      float_group<V, float>(p, widened, o, nr, b0, b1);
+    }
+  }
+}
 #endif  // QFLASH_HAS_X86_SIMD
 
 /// Rows [o0, o1) of a projection whose rows are decoded to fp32 first (fp8_e4m3, and any
@@ -226,13 +410,25 @@ inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int6
   std::int64_t const n = p.w.cols;
 #if QFLASH_HAS_X86_SIMD
   if (isa >= arch::CpuIsa::kAvx2) {
+    bool const avx512 = isa >= arch::CpuIsa::kAvx512;
     float* const decoded = p.scratch->get(static_cast<std::size_t>(kTileRows * n));
-    std::int64_t const tb = token_block(n * 4, p.n_tokens);
+    std::int64_t const tb = token_block(n * 4, p.n_tokens, avx512 ? kFloatTileTokens<Simd::kAvx512> : kTileTokens);
+    std::int64_t const ahead = kTileRows * p.w.row_bytes();
     for (std::int64_t o = o0; o < o1; o += kTileRows) {
       int const nr = static_cast<int>(std::min<std::int64_t>(kTileRows, o1 - o));
-      for (int r = 0; r < nr; ++r) decode_row_avx2(p.w, o + r, decoded + r * n, kTileRows * p.w.row_bytes());
-      for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb)
-        float_group_avx2<float>(p, decoded, o, nr, b0, std::min(p.n_tokens, b0 + tb));
+      for (int r = 0; r < nr; ++r) {
+        if (avx512)
+          decode_row_avx512(p.w, o + r, decoded + r * n, ahead);
+        else
+          decode_row_avx2(p.w, o + r, decoded + r * n, ahead);
+      }
+      for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
+        std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
+        if (avx512)
+          float_group<Simd::kAvx512, float>(p, decoded, o, nr, b0, b1);
+        else
+          float_group<Simd::kAvx2, float>(p, decoded, o, nr, b0, b1);
+      }
     }
     return;
   }
@@ -250,14 +446,33 @@ inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int6
 }
 
 #if QFLASH_HAS_X86_SIMD
-QFLASH_SIMD_BEGIN
 /// Tokens a quantized weight row is multiplied into per pass when there are several.
 inline constexpr int kQuantTokens = 4;
+/// Rows one token goes through per pass.
+template <Simd V>
+inline constexpr int kQuantRows = V == Simd::kAvx512 ? 4 : 2;
 
-/// Tokens [b0, b1) through row o, kQuantTokens per pass (dot_tokens_avx2).
-template <class WB, class XB>
-QFLASH_TARGET_AVX2 void quant_row_tokens_avx2(LinearRows const& p, std::int64_t o, std::int64_t nb, std::int64_t b0,
-                                              std::int64_t b1) {
+/// R rows of blocks `stride` bytes apart against one activation row (cpu_quant*.hpp).
+template <Simd V, int R, class WB, class XB>
+void quant_dot(WB const* w, std::int64_t stride, XB const* x, std::int64_t nb, float* out) {
+  if constexpr (V == Simd::kAvx512)
+    dot_avx512<R>(w, stride, x, nb, out);
+  else
+    dot_avx2<R>(w, stride, x, nb, out);
+}
+
+/// One row against NT activation rows (cpu_quant*.hpp).
+template <Simd V, int NT, class WB, class XB>
+void quant_dot_tokens(WB const* w, XB const* const* x, std::int64_t nb, float* out) {
+  if constexpr (V == Simd::kAvx512)
+    dot_tokens_avx512<NT>(w, x, nb, out);
+  else
+    dot_tokens_avx2<NT>(w, x, nb, out);
+}
+
+/// Tokens [b0, b1) through row o, kQuantTokens per pass.
+template <Simd V, class WB, class XB>
+void quant_row_tokens(LinearRows const& p, std::int64_t o, std::int64_t nb, std::int64_t b0, std::int64_t b1) {
   auto const* row = reinterpret_cast<WB const*>(p.w.row(o));
   for (std::int64_t t = b0; t < b1; t += kQuantTokens) {
     int const nt = static_cast<int>(std::min<std::int64_t>(kQuantTokens, b1 - t));
@@ -265,52 +480,52 @@ QFLASH_TARGET_AVX2 void quant_row_tokens_avx2(LinearRows const& p, std::int64_t 
     for (int k = 0; k < nt; ++k) x[k] = reinterpret_cast<XB const*>(p.xq_row(t + k));
     float out[kQuantTokens];
     switch (nt) {
-      case 1: dot_tokens_avx2<1>(row, x, nb, out); break;
-      case 2: dot_tokens_avx2<2>(row, x, nb, out); break;
-      case 3: dot_tokens_avx2<3>(row, x, nb, out); break;
-      default: dot_tokens_avx2<kQuantTokens>(row, x, nb, out); break;
+      case 1: quant_dot_tokens<V, 1>(row, x, nb, out); break;
+      case 2: quant_dot_tokens<V, 2>(row, x, nb, out); break;
+      case 3: quant_dot_tokens<V, 3>(row, x, nb, out); break;
+      default: quant_dot_tokens<V, kQuantTokens>(row, x, nb, out); break;
     }
     for (int k = 0; k < nt; ++k) store_dot(p, t + k, o, out[k]);
   }
 }
 
 /// Rows [o0, o1) of a q8_0 / q4_k / q6_k / int4 projection (WB its block, XB the
-/// activations'): one token goes through kQuantRows rows per pass (decode: the weights stream from memory,
-/// the next rows prefetched); several go kQuantTokens per pass through each row (prefill:
-/// each block unpacked once for them). Both give a token the same sums, bit for bit.
-template <class WB, class XB>
-QFLASH_TARGET_AVX2 void quant_rows_avx2(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  constexpr int kQuantRows = 2;
+/// activations'): one token goes through kQuantRows rows per pass (decode: the weights stream
+/// from memory, the next rows prefetched); several go kQuantTokens per pass through each row
+/// (prefill: each block unpacked once for them). Both give a token the same sums, bit for bit.
+template <Simd V, class WB, class XB>
+void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+  constexpr int kRows = kQuantRows<V>;
   std::int64_t const nb = act_row_blocks(act_blocks(p.w.format), p.w.cols);
   std::int64_t const stride = p.w.row_bytes();
   std::int64_t const tb = std::max<std::int64_t>(1, token_block(p.xq_stride, p.n_tokens));
   for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
     std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
     if (b1 - b0 > 1) {
-      for (std::int64_t o = o0; o < o1; ++o) quant_row_tokens_avx2<WB, XB>(p, o, nb, b0, b1);
+      for (std::int64_t o = o0; o < o1; ++o) quant_row_tokens<V, WB, XB>(p, o, nb, b0, b1);
       continue;
     }
-    for (std::int64_t o = o0; o < o1; o += kQuantRows) {
-      int const nr = static_cast<int>(std::min<std::int64_t>(kQuantRows, o1 - o));
+    for (std::int64_t o = o0; o < o1; o += kRows) {
+      int const nr = static_cast<int>(std::min<std::int64_t>(kRows, o1 - o));
       auto const* rows = reinterpret_cast<WB const*>(p.w.row(o));
       auto const* x = reinterpret_cast<XB const*>(p.xq_row(b0));
-      float out[kQuantRows];
-      if (nr == 1)
-        dot_avx2<1>(rows, stride, x, nb, out);
+      float out[kRows];
+      if (nr == kRows)
+        quant_dot<V, kRows>(rows, stride, x, nb, out);
       else
-        dot_avx2<kQuantRows>(rows, stride, x, nb, out);
+        for (int r = 0; r < nr; ++r) quant_dot<V, 1>(row_at(rows, stride, r), stride, x, nb, out + r);
       for (int r = 0; r < nr; ++r) store_dot(p, b0, o + r, out[r]);
     }
   }
 }
-QFLASH_SIMD_END
 #endif  // QFLASH_HAS_X86_SIMD
 
 /// Rows [o0, o1) of a q8_0 / q4_k / q6_k / int4 projection (WB its block, XB the activations').
 template <class WB, class XB>
 void quant_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
 #if QFLASH_HAS_X86_SIMD
-  if (isa >= arch::CpuIsa::kAvx2) return quant_rows_avx2<WB, XB>(p, o0, o1);
+  if (isa >= arch::CpuIsa::kAvx512Vnni) return quant_rows_simd<Simd::kAvx512, WB, XB>(p, o0, o1);
+  if (isa >= arch::CpuIsa::kAvx2) return quant_rows_simd<Simd::kAvx2, WB, XB>(p, o0, o1);
 #endif
   (void)isa;
   std::int64_t const nb = act_row_blocks(act_blocks(p.w.format), p.w.cols);
@@ -327,6 +542,22 @@ constexpr bool compiles(WeightFormat f) {
   return F == WeightFormat::kAny || F == f;
 }
 
+#if QFLASH_HAS_X86_SIMD
+/// Rows [o0, o1) of an f32 / bf16 / f16 projection that F compiles, with vectors V; false
+/// for other formats.
+template <WeightFormat F, Simd V>
+bool float_rows_any(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+  WeightFormat const f = p.w.format;
+  if constexpr (compiles<F>(WeightFormat::kF32))
+    if (f == WeightFormat::kF32) return float_rows<V, float>(p, o0, o1), true;
+  if constexpr (compiles<F>(WeightFormat::kBf16))
+    if (f == WeightFormat::kBf16) return float_rows<V, bf16_bits>(p, o0, o1), true;
+  if constexpr (compiles<F>(WeightFormat::kF16))
+    if (f == WeightFormat::kF16) return float_rows<V, Fp16>(p, o0, o1), true;
+  return false;
+}
+#endif  // QFLASH_HAS_X86_SIMD
+
 /// Runs rows [o0, o1) of the projection with the given ISA level, for the formats F compiles.
 template <WeightFormat F>
 void linear_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
@@ -340,14 +571,9 @@ void linear_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::in
   if constexpr (compiles<F>(WeightFormat::kInt4))
     if (f == WeightFormat::kInt4) return quant_rows<BlockInt4G128, ActQ8Pair>(isa, p, o0, o1);
 #if QFLASH_HAS_X86_SIMD
-  if (isa >= arch::CpuIsa::kAvx2) {
-    if constexpr (compiles<F>(WeightFormat::kF32))
-      if (f == WeightFormat::kF32) return float_rows_avx2<float>(p, o0, o1);
-    if constexpr (compiles<F>(WeightFormat::kBf16))
-      if (f == WeightFormat::kBf16) return float_rows_avx2<bf16_bits>(p, o0, o1);
-    if constexpr (compiles<F>(WeightFormat::kF16))
-      if (f == WeightFormat::kF16) return float_rows_avx2<Fp16>(p, o0, o1);
-  }
+  if (isa >= arch::CpuIsa::kAvx512 ? float_rows_any<F, Simd::kAvx512>(p, o0, o1)
+                                    : isa >= arch::CpuIsa::kAvx2 && float_rows_any<F, Simd::kAvx2>(p, o0, o1))
+    return;
 #endif
   linear_rows_decoded(isa, p, o0, o1);
 }

@@ -1,0 +1,409 @@
+/// @file
+/// AVX-512 VNNI integer dot products of q8_0 / q4_k / q6_k / int4 weight rows with 8-bit
+/// activations (the blocks of cpu_quant.hpp), for arch::CpuIsa::kAvx512Vnni and up.
+/// `vpdpbusd` sums four u8 x s8 products into an int32 lane in one instruction (AVX2 needs
+/// `maddubs` + `madd`), and `vpdpwssd` multiplies int16 pairs by the sub-block scales and adds
+/// them in one. A 512-bit register holds two q8_0 blocks, two int4 pairs, or half a q4_k /
+/// q6_k block laid against its activations. Within a block every sum is exact int32, so these
+/// paths differ from the scalar and AVX2 ones only in the order of the fp32 adds that combine
+/// blocks.
+///
+/// As in cpu_quant.hpp, `dot_avx512<R>` takes R rows against one token (decode) and
+/// `dot_tokens_avx512<NT>` one row against NT tokens (prefill), unpacking each weight block
+/// once for them; per (row, token) both run the same operations in the same order, so a
+/// token's sums do not depend on the tokens beside it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "qflash/kernels/linear/cpu_quant.hpp"
+
+#if QFLASH_HAS_X86_SIMD
+QFLASH_SIMD_BEGIN
+namespace qflash::kernels::cpu {
+
+using simd::avx512_halves;
+using simd::avx512_halves_epi16;
+using simd::avx512_join;
+using simd::avx512_low;
+
+/// Asks for the cache lines of `bytes` at `p` + `ahead` (the same blocks R rows further on);
+/// a block's last partial line comes with the next block's first.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE void prefetch_ahead(void const* p, std::int64_t ahead, std::size_t bytes) {
+  auto const* next = static_cast<char const*>(p) + ahead;
+  for (std::size_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+}
+
+/// w * x summed per 4-byte group into acc, from |w| and w's sign mask: vpdpbusd multiplies
+/// unsigned by signed bytes, so x takes w's sign (x != -128, which q8 activations never hold).
+QFLASH_TARGET_AVX512_VNNI QFLASH_SIMD_INLINE __m512i avx512_dot_s8(__m512i acc, __m512i w_abs, __mmask64 w_neg,
+                                                                  __m512i x) {
+  return _mm512_dpbusd_epi32(acc, w_abs, _mm512_mask_sub_epi8(x, w_neg, _mm512_setzero_si512(), x));
+}
+
+// ---- q8_0: two blocks per register (the last one alone when the row has an odd count) ----
+
+/// Blocks b and b + 1 (or b alone) of a q8_0 row: codes and per-lane scales.
+struct Q8_0Pair {
+  __m512i q;
+  __m512 d;
+};
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE Q8_0Pair q8_0_pair(BlockQ8_0 const* b, bool both) {
+  if (both) return {avx512_join(b[0].qs, b[1].qs), avx512_halves(avx2_float(b[0].d), avx2_float(b[1].d))};
+  return {avx512_low(b[0].qs), avx512_halves(avx2_float(b[0].d), 0.0f)};
+}
+
+template <int R>
+QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ8_0 const* w, std::int64_t stride, BlockQ8_0 const* x,
+                                          std::int64_t nb, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; b += 2) {
+    bool const both = b + 1 < nb;
+    Q8_0Pair const xp = q8_0_pair(x + b, both);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockQ8_0 const* wb = row_at(w, stride, r) + b;
+      prefetch_ahead(wb, R * stride, 2 * sizeof(BlockQ8_0));
+      Q8_0Pair const wp = q8_0_pair(wb, both);
+      __m512i const dot = avx512_dot_s8(_mm512_setzero_si512(), _mm512_abs_epi8(wp.q), _mm512_movepi8_mask(wp.q), xp.q);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wp.d, xp.d), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <int NT>
+QFLASH_TARGET_AVX512_VNNI void dot_tokens_avx512(BlockQ8_0 const* w, BlockQ8_0 const* const* x, std::int64_t nb,
+                                                 float* out) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; b += 2) {
+    bool const both = b + 1 < nb;
+    Q8_0Pair const wp = q8_0_pair(w + b, both);
+    __m512i const w_abs = _mm512_abs_epi8(wp.q);
+    __mmask64 const w_neg = _mm512_movepi8_mask(wp.q);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      Q8_0Pair const xp = q8_0_pair(x[t] + b, both);
+      __m512i const dot = avx512_dot_s8(_mm512_setzero_si512(), w_abs, w_neg, xp.q);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wp.d, xp.d), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+// ---- q4_k: a block's 128 code bytes as two registers -------------------------------------
+// Code register h (bytes 64h..64h+64) holds sub-blocks 4h and 4h+2 in its low nibbles and
+// 4h+1 and 4h+3 in its high ones; the activations are gathered to match.
+
+/// A q8_k block laid out against q4_k's code registers.
+struct Q4KActs {
+  __m512i lo[2], hi[2];
+};
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE Q4KActs q4_k_acts(BlockQ8K const& x) {
+  Q4KActs a;
+  for (int h = 0; h < 2; ++h) {
+    a.lo[h] = avx512_join(x.qs + 128 * h, x.qs + 128 * h + 64);
+    a.hi[h] = avx512_join(x.qs + 128 * h + 32, x.qs + 128 * h + 96);
+  }
+  return a;
+}
+
+/// gguf::q4_k_scale_min for up to four blocks at once, one per 128-bit lane (as
+/// avx2_q4_k_scales: each lane's 16 bytes are a block's 12 packed bytes and 4 code bytes): 8
+/// scales in bytes 0-7 and 8 mins in bytes 8-15 of each lane.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_q4_k_scales(__m512i w) {
+  __m512i const a = _mm512_shuffle_epi32(w, static_cast<_MM_PERM_ENUM>(_MM_SHUFFLE(2, 1, 2, 0)));  // w0 w2 w1 w2
+  __m512i const b = _mm512_shuffle_epi32(w, static_cast<_MM_PERM_ENUM>(_MM_SHUFFLE(1, 1, 0, 0)));  // w0 w0 w1 w1
+  __m512i const low = _mm512_and_si512(_mm512_srlv_epi32(a, _mm512_broadcast_i32x4(_mm_setr_epi32(0, 0, 0, 4))),
+                                       _mm512_broadcast_i32x4(_mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f)));
+  __m512i const high = _mm512_slli_epi32(
+      _mm512_and_si512(_mm512_srli_epi32(b, 6), _mm512_broadcast_i32x4(_mm_setr_epi32(0, 0x03030303, 0, 0x03030303))), 4);
+  return _mm512_or_si512(low, high);
+}
+
+/// A shuffle control that makes int16 lanes of byte `lo` of each 128-bit lane (zero-extended)
+/// in 128-bit lanes 0-1 and of byte `hi` in lanes 2-3.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_bytes_to_words(int lo, int hi) {
+  return avx512_halves_epi16(static_cast<short>(0x8000 | lo), static_cast<short>(0x8000 | hi));
+}
+
+/// What a q4_k block's scales and mins contribute: the int16 scale of every code lane per
+/// code register and nibble half, and the mins term against the activations' sums.
+struct Q4KScales {
+  __m512i lo[2], hi[2];
+  __m256i min16;  ///< m0 m0 m1 m1 ... m7 m7, against bsums
+};
+/// From avx512_q4_k_scales's bytes of the block, in every 128-bit lane.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE Q4KScales q4_k_scales_avx512(__m512i packed) {
+  Q4KScales s;
+  for (int h = 0; h < 2; ++h) {
+    s.lo[h] = _mm512_shuffle_epi8(packed, avx512_bytes_to_words(4 * h, 4 * h + 2));
+    s.hi[h] = _mm512_shuffle_epi8(packed, avx512_bytes_to_words(4 * h + 1, 4 * h + 3));
+  }
+  // words m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 m5 m5 m6 m6 m7 m7 (bytes 8-15)
+  __m256i const mins = _mm256_setr_epi8(8, -128, 8, -128, 9, -128, 9, -128, 10, -128, 10, -128, 11, -128, 11, -128,
+                                        12, -128, 12, -128, 13, -128, 13, -128, 14, -128, 14, -128, 15, -128, 15, -128);
+  s.min16 = _mm256_shuffle_epi8(_mm512_castsi512_si256(packed), mins);
+  return s;
+}
+/// ... of one block.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE Q4KScales q4_k_scales_avx512(BlockQ4K const& wb) {
+  return q4_k_scales_avx512(
+      avx512_q4_k_scales(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<__m128i const*>(wb.scales)))));
+}
+
+/// acc - d_x dmin sum_j m_j (bsums[2j] + bsums[2j+1]) + d_x d sum_j s_j (codes_j . x_j).
+QFLASH_TARGET_AVX512_VNNI QFLASH_SIMD_INLINE __m512 q4_k_block(__m512 acc, __m512i const* lo, __m512i const* hi,
+                                                              Q4KScales const& s, BlockQ8K const& x,
+                                                              Q4KActs const& xa, float d, float dmin) {
+  __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.bsums));
+  __m512 const mins = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(s.min16, bs)));
+  acc = _mm512_fnmadd_ps(mins, _mm512_set1_ps(x.d * dmin), acc);
+  __m512i dot_lo = _mm512_setzero_si512(), dot_hi = _mm512_setzero_si512();  // two chains in flight
+  for (int h = 0; h < 2; ++h) {
+    dot_lo = _mm512_dpwssd_epi32(dot_lo, _mm512_maddubs_epi16(lo[h], xa.lo[h]), s.lo[h]);
+    dot_hi = _mm512_dpwssd_epi32(dot_hi, _mm512_maddubs_epi16(hi[h], xa.hi[h]), s.hi[h]);
+  }
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot_lo, dot_hi)), _mm512_set1_ps(x.d * d), acc);
+}
+
+/// The low and high nibbles of a q4_k block's two code registers.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE void q4_k_codes(BlockQ4K const& wb, __m512i* lo, __m512i* hi) {
+  __m512i const nibble = _mm512_set1_epi8(0x0f);
+  for (int h = 0; h < 2; ++h) {
+    __m512i const q = _mm512_loadu_si512(wb.qs + 64 * h);
+    lo[h] = _mm512_and_si512(q, nibble);
+    hi[h] = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
+  }
+}
+
+template <int R>
+QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ4K const* w, std::int64_t stride, BlockQ8K const* x,
+                                          std::int64_t nb, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    Q4KActs const xa = q4_k_acts(x[b]);
+    // The packed scales of four rows unpacked at once, then each row's moved to every lane.
+    __m512i packed = _mm512_setzero_si512();
+    if constexpr (R == 4) {
+      __m128i bytes[4];
+      for (int r = 0; r < 4; ++r) bytes[r] = _mm_loadu_si128(reinterpret_cast<__m128i const*>(row_at(w, stride, r)[b].scales));
+      packed = avx512_q4_k_scales(_mm512_inserti32x4(
+          _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(bytes[0]), bytes[1], 1), bytes[2], 2), bytes[3], 3));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockQ4K const& wb = row_at(w, stride, r)[b];
+      prefetch_ahead(&wb, R * stride, sizeof(BlockQ4K));
+      __m512i lo[2], hi[2];
+      q4_k_codes(wb, lo, hi);
+      Q4KScales const s =
+          R == 4 ? q4_k_scales_avx512(_mm512_permutexvar_epi32(
+                       _mm512_broadcast_i32x4(_mm_setr_epi32(4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3)), packed))
+                 : q4_k_scales_avx512(wb);
+      acc[r] = q4_k_block(acc[r], lo, hi, s, x[b], xa, avx2_float(wb.d), avx2_float(wb.dmin));
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <int NT>
+QFLASH_TARGET_AVX512_VNNI void dot_tokens_avx512(BlockQ4K const* w, BlockQ8K const* const* x, std::int64_t nb,
+                                                 float* out) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    BlockQ4K const& wb = w[b];
+    __m512i lo[2], hi[2];
+    q4_k_codes(wb, lo, hi);
+    Q4KScales const s = q4_k_scales_avx512(wb);
+    float const d = avx2_float(wb.d), dmin = avx2_float(wb.dmin);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) acc[t] = q4_k_block(acc[t], lo, hi, s, x[t][b], q4_k_acts(x[t][b]), d, dmin);
+  }
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+// ---- q6_k: register k holds quarter k of each half ------------------------------------------
+// Register k = codes of values 32k..32k+32 (sub-blocks 2k, 2k+1) and 128+32k..128+32k+32
+// (sub-blocks 8+2k, 9+2k), as unsigned q + 32.
+
+/// Bits 4-5 of the codes whose high bits sit at `shift` in qh.
+template <int Shift>
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i q6_k_high(__m512i qh) {
+  return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, Shift), _mm512_set1_epi8(0x03)), 4);
+}
+
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE void q6_k_codes(BlockQ6K const& wb, __m512i* codes) {
+  __m512i const nibble = _mm512_set1_epi8(0x0f);
+  __m512i const l0 = avx512_join(wb.ql, wb.ql + 64);
+  __m512i const l1 = avx512_join(wb.ql + 32, wb.ql + 96);
+  __m512i const qh = _mm512_loadu_si512(wb.qh);
+  codes[0] = _mm512_or_si512(_mm512_and_si512(l0, nibble), q6_k_high<0>(qh));
+  codes[1] = _mm512_or_si512(_mm512_and_si512(l1, nibble), q6_k_high<2>(qh));
+  codes[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), nibble), q6_k_high<4>(qh));
+  codes[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), nibble), q6_k_high<6>(qh));
+}
+
+/// A q6_k block's int16 sub-block scales per code lane of each register, and all 16 as int16.
+struct Q6KScales {
+  __m512i lane[4];
+  __m256i all;
+};
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE Q6KScales q6_k_scales_avx512(BlockQ6K const& wb) {
+  Q6KScales s;
+  s.all = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<__m128i const*>(wb.scales)));
+  __m512i const all = _mm512_castsi256_si512(s.all);
+  for (int k = 0; k < 4; ++k) {
+    // int16 lanes 0-7: sub-block 2k, 8-15: 2k+1, 16-23: 8+2k, 24-31: 9+2k
+    __m512i const idx = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(2 * k)),
+                                                 _mm_set1_epi16(static_cast<short>(2 * k + 1)))),
+        _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(8 + 2 * k)), _mm_set1_epi16(static_cast<short>(9 + 2 * k))),
+        1);
+    s.lane[k] = _mm512_permutexvar_epi16(idx, all);
+  }
+  return s;
+}
+
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE void q6_k_acts(BlockQ8K const& x, __m512i* xk) {
+  for (int k = 0; k < 4; ++k) xk[k] = avx512_join(x.qs + 32 * k, x.qs + 128 + 32 * k);
+}
+
+/// acc + d_x d (sum_g s_g (codes_g . x_g) - 32 sum_g s_g bsums_g): the codes are q + 32.
+QFLASH_TARGET_AVX512_VNNI QFLASH_SIMD_INLINE __m512 q6_k_block(__m512 acc, __m512i const* codes, Q6KScales const& s,
+                                                              BlockQ8K const& x, __m512i const* xk, float d) {
+  __m512i dot = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) dot = _mm512_dpwssd_epi32(dot, _mm512_maddubs_epi16(codes[k], xk[k]), s.lane[k]);
+  __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.bsums));
+  __m512i const offset = _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(s.all, bs), 5));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot, offset)), _mm512_set1_ps(x.d * d), acc);
+}
+
+template <int R>
+QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ6K const* w, std::int64_t stride, BlockQ8K const* x,
+                                          std::int64_t nb, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    __m512i xk[4];
+    q6_k_acts(x[b], xk);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockQ6K const& wb = row_at(w, stride, r)[b];
+      prefetch_ahead(&wb, R * stride, sizeof(BlockQ6K));
+      __m512i codes[4];
+      q6_k_codes(wb, codes);
+      acc[r] = q6_k_block(acc[r], codes, q6_k_scales_avx512(wb), x[b], xk, avx2_float(wb.d));
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <int NT>
+QFLASH_TARGET_AVX512_VNNI void dot_tokens_avx512(BlockQ6K const* w, BlockQ8K const* const* x, std::int64_t nb,
+                                                 float* out) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    BlockQ6K const& wb = w[b];
+    __m512i codes[4];
+    q6_k_codes(wb, codes);
+    Q6KScales const s = q6_k_scales_avx512(wb);
+    float const d = avx2_float(wb.d);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      __m512i xk[4];
+      q6_k_acts(x[t][b], xk);
+      acc[t] = q6_k_block(acc[t], codes, s, x[t][b], xk, d);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+// ---- int4: one group of 128 (two activation pairs) per register --------------------------
+
+/// Activation pairs j and j + 1 (or j alone): even and odd values, and per-lane scales.
+struct Int4Acts {
+  __m512i even, odd;
+  __m512 d;
+};
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE Int4Acts int4_acts(ActQ8Pair const* x, bool both) {
+  if (both)
+    return {avx512_join(x[0].even, x[1].even), avx512_join(x[0].odd, x[1].odd),
+            _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(x[0].d)), _mm256_loadu_ps(x[1].d), 1)};
+  return {avx512_low(x[0].even), avx512_low(x[0].odd), _mm512_zextps256_ps512(_mm256_loadu_ps(x[0].d))};
+}
+
+/// Nibbles of a group's codes (or of its first half alone): low = even values, high = odd.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE void int4_codes(BlockInt4G128 const& g, bool both, __m512i& lo, __m512i& hi) {
+  __m512i const q = both ? _mm512_loadu_si512(g.qs) : avx512_low(g.qs);
+  __m512i const nibble = _mm512_set1_epi8(0x0f);
+  lo = _mm512_and_si512(q, nibble);
+  hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
+}
+
+QFLASH_TARGET_AVX512_VNNI QFLASH_SIMD_INLINE __m512 int4_group(__m512 acc, __m512i lo, __m512i hi, Int4Acts const& xa,
+                                                              __m512 scale) {
+  __m512i const dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa.even), hi, xa.odd);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(xa.d, scale), acc);
+}
+
+template <int R>
+QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockInt4G128 const* w, std::int64_t stride, ActQ8Pair const* x,
+                                          std::int64_t n_pairs, float* out) {
+  __m512 acc[R];
+  float mins[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    mins[r] = 0.0f;
+  }
+  float const* sums = group_sums(x, n_pairs);
+  for (std::int64_t j = 0; j < n_pairs; j += 2) {
+    bool const both = j + 1 < n_pairs;
+    Int4Acts const xa = int4_acts(x + j, both);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockInt4G128 const& g = row_at(w, stride, r)[j / 2];
+      prefetch_ahead(&g, R * stride, sizeof(BlockInt4G128));
+      __m512i lo, hi;
+      int4_codes(g, both, lo, hi);
+      acc[r] = int4_group(acc[r], lo, hi, xa, _mm512_set1_ps(avx2_float(g.scale)));
+      mins[r] += avx2_float(g.min) * sums[j / 2];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + mins[r];
+}
+
+template <int NT>
+QFLASH_TARGET_AVX512_VNNI void dot_tokens_avx512(BlockInt4G128 const* w, ActQ8Pair const* const* x,
+                                                 std::int64_t n_pairs, float* out) {
+  __m512 acc[NT];
+  float mins[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm512_setzero_ps();
+    mins[t] = 0.0f;
+  }
+  for (std::int64_t j = 0; j < n_pairs; j += 2) {
+    bool const both = j + 1 < n_pairs;
+    BlockInt4G128 const& g = w[j / 2];
+    __m512i lo, hi;
+    int4_codes(g, both, lo, hi);
+    __m512 const scale = _mm512_set1_ps(avx2_float(g.scale));
+    float const gm = avx2_float(g.min);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = int4_group(acc[t], lo, hi, int4_acts(x[t] + j, both), scale);
+      mins[t] += gm * group_sums(x[t], n_pairs)[j / 2];
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
+}
+
+}  // namespace qflash::kernels::cpu
+QFLASH_SIMD_END
+#endif  // QFLASH_HAS_X86_SIMD

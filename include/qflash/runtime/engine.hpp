@@ -1,0 +1,92 @@
+/// @file
+/// The serving engine: one thread runs steps over every request at once (continuous batching).
+/// Each step packs the running sequences' decode tokens and chunks of waiting prompts (chunked
+/// prefill) under a token budget and max_num_seqs, runs one ragged forward, samples, and streams
+/// text to each request's RequestStream (runtime/request.hpp). KV lives in one shared paged
+/// pool sized from a byte budget, with a prefix cache of full blocks keyed by a chained hash
+/// of their tokens and the request's salt (kv/prefix_cache.hpp); Gated DeltaNet states are
+/// snapshotted at cached block boundaries so a prefix hit skips the prefix in hybrid models too.
+/// When blocks run out, the newest sequence is preempted and recomputed later, never dropped.
+///
+/// `Engine` is the model-independent interface the HTTP server (serve/) talks to;
+/// runtime/batch_engine.hpp implements it over the compiled instance that runs the model
+/// (make_engine). Host only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qflash/io/tokenizer.hpp"
+#include "qflash/kv/map.hpp"
+#include "qflash/model/config.hpp"
+#include "qflash/runtime/request.hpp"
+#include "qflash/runtime/sampler.hpp"
+
+namespace qflash::runtime {
+
+/// How the prefix cache picks the cached blocks to drop when the pool needs room.
+enum class EvictionPolicy {
+  kLru,         ///< least recently used first
+  kLruWithAge,  ///< as kLru, but blocks used within min_age_seconds are kept while any older one is left
+};
+
+struct PrefixCacheOptions {
+  bool enabled = true;
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  double min_age_seconds = 30.0;  ///< kLruWithAge only
+  /// Hybrid models: a DeltaNet state snapshot is kept every this many full blocks of a prompt
+  /// (and at the prompt's last full block), so that a hit resumes at the last snapshot.
+  int snapshot_every_blocks = 4;
+};
+
+struct EngineOptions {
+  int max_num_seqs = 16;               ///< sequences running at once
+  int max_num_batched_tokens = 512;    ///< tokens one step computes (decode tokens + prefill chunks)
+  std::int64_t kv_cache_bytes = 0;     ///< KV pool and state snapshots (0: enough for max_num_seqs full contexts, at most 1 GiB)
+  int max_context = 0;                 ///< prompt + generated tokens per sequence (0: the model's limit)
+  int max_queue = 256;                 ///< waiting requests beyond this are refused (kQueueFull)
+  kv::KvMap kv;                        ///< per-head KV formats (empty: f32)
+  PrefixCacheOptions prefix;
+  std::string router_log_path;         ///< JSONL of routing decisions per generated token (empty: off)
+  std::int64_t router_log_max_bytes = 64 << 20;  ///< the log stops growing past this
+};
+
+/// What the server reports about the engine.
+struct EngineInfo {
+  std::string model_id;           ///< the served model's name (/v1/models)
+  std::string spec;               ///< the compiled instance running it
+  bool specialised = false;       ///< a fully static instance (not the generic fallback)
+  bool compressed_kv = false;     ///< some KV head is stored in fewer than 16 bits (fp8, int8, int6)
+  bool prefix_cache = false;      ///< the shared prefix pool is on
+  int max_context = 0;            ///< tokens per sequence
+  SamplingParams default_sampling;  ///< from generation_config.json, for requests that set nothing
+  std::vector<std::int32_t> eos_ids;
+};
+
+/// The Flash design's `flash_used`: the specialised instance, compressed KV and the shared
+/// prefix pool are all active.
+inline bool flash_used(EngineInfo const& i) { return i.specialised && i.compressed_kv && i.prefix_cache; }
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  /// Queues a request and returns its stream. Throws RequestError: kInvalid when it can never
+  /// run (empty prompt, prompt + 1 token beyond the context, bad parameters), kQueueFull,
+  /// kDraining.
+  virtual std::shared_ptr<RequestStream> submit(GenerationRequest request) = 0;
+
+  [[nodiscard]] virtual io::Tokenizer const& tokenizer() const = 0;
+  [[nodiscard]] virtual model::ModelConfig const& config() const = 0;
+  [[nodiscard]] virtual EngineInfo info() const = 0;
+
+  /// Appends the engine's metrics in the Prometheus text format (names under `qflash:`).
+  virtual void write_metrics(std::string& out) const = 0;
+
+  /// Refuses new requests (kDraining) and returns once every accepted one has ended.
+  virtual void drain() = 0;
+};
+
+}  // namespace qflash::runtime

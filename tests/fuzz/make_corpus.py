@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpora tests/fuzz/corpus/<target>/ (small valid and near-valid inputs):
 gguf, safetensors, checksums (SHA256SUMS text), config (config.json, "\0", then
-generation_config.json) and tokenizer (tokenizer.json). Standard library only; rerun after
-changing it:
+generation_config.json), tokenizer (tokenizer.json) and openai_request (HTTP request bodies).
+Standard library only; rerun after changing it:
 
     python3 tests/fuzz/make_corpus.py
 
@@ -293,10 +293,39 @@ def tokenizer_seeds():
     return seeds
 
 
+def openai_request_seeds():
+    """HTTP request bodies of /v1/completions, /v1/chat/completions and /generate."""
+    hi = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    bodies = {
+        "completion.json": {"model": "micro", "prompt": "It was a truth", "max_tokens": 8, "temperature": 0.7,
+                            "top_p": 0.9, "seed": 1, "stop": ["\n", "."], "n": 2, "logprobs": 3},
+        "completion_ids.json": {"prompt": [[4094, 10, 20]], "stream": True,
+                                "stream_options": {"include_usage": True}, "ignore_eos": True,
+                                "stop_token_ids": [4095], "cache_salt": "a", "priority": -1},
+        "chat.json": {"model": "micro", "messages": hi, "max_completion_tokens": 16, "logprobs": True,
+                      "top_logprobs": 2, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1,
+                      "frequency_penalty": 0.5, "presence_penalty": -0.5, "user": "u",
+                      "response_format": {"type": "text"}, "chat_template_kwargs": {"enable_thinking": False}},
+        "chat_parts.json": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                      {"type": "text", "text": "b"}]}],
+                            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                            "tool_choice": "none", "add_generation_prompt": False},
+        "generate.json": {"prompt": "Once", "max_tokens": 4, "temperature": 0, "stop": "x"},
+        "near_refused.json": {"prompt": "x", "echo": True, "best_of": 3, "logit_bias": {"1": 2}},
+        "near_tools.json": {"messages": hi, "tools": [{"type": "function"}], "tool_choice": "required"},
+        "near_ranges.json": {"prompt": [4096, -1], "temperature": 3, "top_p": 0, "n": 99, "max_tokens": 0},
+    }
+    seeds = {name: json.dumps(b, separators=(",", ":")).encode() for name, b in bodies.items()}
+    seeds["near_nested.json"] = b'{"messages":' + nested(5000) + b"}"
+    seeds["near_content.json"] = (b'{"messages":[{"role":"user","content":[{"type":"image_url"}]},'
+                                  b'{"role":"assistant","content":null}]}')
+    return seeds
+
+
 def main():
     for sub, seeds in (("gguf", gguf_seeds()), ("safetensors", safetensors_seeds()),
                        ("checksums", checksums_seeds()), ("config", config_seeds()),
-                       ("tokenizer", tokenizer_seeds())):
+                       ("tokenizer", tokenizer_seeds()), ("openai_request", openai_request_seeds())):
         d = os.path.join(HERE, "corpus", sub)
         os.makedirs(d, exist_ok=True)
         for fn in os.listdir(d):

@@ -12,7 +12,7 @@ Steps (everything seeded; the run is deterministic for a given CPU / thread coun
                  (whole paragraphs) of every novel are held out: they make validation.txt.
   2. tokenizer   tools/qwen_tokenizer.py train_tokenizer(): byte-level BPE with Qwen3.5's exact tokenizer.json
                  pipeline, 4093 byte/merge tokens + <|endoftext|> <|im_start|> <|im_end|> = 4096, trained on the
-                 training part only.
+                 training part only; saved with a ChatML chat template (CHAT_TEMPLATE) as chat_template.jinja.
   3. model       transformers Qwen3_5MoeForCausalLM (Qwen3_5MoeTextConfig, see model_config()), fp32, AdamW,
                  warmup + cosine, random 256-token windows of the training stream (novels separated by
                  <|endoftext|>), next-token loss + router load-balancing loss (output_router_logits=True).
@@ -81,6 +81,14 @@ PROMPTS = ["Once upon a time", "It was a fine morning", "My dear Emma", "The nex
 SAMPLE = dict(do_sample=True, temperature=0.8, top_p=0.95, max_new_tokens=96)
 SAMPLE_SEED = 1811
 MAX_POSITIONS = 1024
+# ChatML with the tokenizer's <|im_start|> / <|im_end|>, so that chat serving has a template to
+# render; the model was trained on plain text and never saw it.
+CHAT_TEMPLATE = ("{%- for message in messages %}\n"
+                 "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n"
+                 "{%- endfor %}\n"
+                 "{%- if add_generation_prompt %}\n"
+                 "{{- '<|im_start|>assistant\\n' }}\n"
+                 "{%- endif %}\n")
 
 
 def model_config(vocab_size, eos_id):
@@ -316,7 +324,7 @@ def main():
     for t in train_texts + [val_text]:
         assert qwen_tokenizer.roundtrip_ok(tok, t[:20000])
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                     model_max_length=MAX_POSITIONS)
+                                     model_max_length=MAX_POSITIONS, chat_template=CHAT_TEMPLATE)
     hf_tok.save_pretrained(tmp_dir)
     stream = []
     for t in train_texts:
@@ -614,6 +622,7 @@ parameters at about half the total, and the 4096-token vocabulary keeps the lm_h
 |---|---|
 | `config.json`, `generation_config.json`, `model.safetensors` | `save_pretrained()` of the model cast to bfloat16. Tensor {s['layout']}; dtypes in the file: {', '.join(s['dtypes'])}; `A_log` is stored as {a_log} ({a_log_note}). `generation_config.json`: bos = eos = pad = {ref['tokenizer']['eos_token_id']} (`<|endoftext|>`). |
 | `tokenizer.json`, `tokenizer_config.json` | the trained tokenizer (`tools/qwen_tokenizer.py`), special tokens {', '.join(f'`{k}` = {v}' for k, v in ref['tokenizer']['special_tokens'].items())} |
+| `chat_template.jinja` | a ChatML chat template (`<|im_start|>role\\ncontent<|im_end|>\\n`, generation prompt `<|im_start|>assistant\\n`) written by the tokenizer's `save_pretrained`; the model was trained on plain text, not on chats |
 | `validation.txt` | the held-out text ({s['val_chars']:,} characters, {s['n_val_tokens']:,} tokens) |
 | `reference.json`, `reference.safetensors` | reference outputs for the C++ tests (below) |
 | `train_log.txt`, `train_log.json`, `loss_curve.png` | the training run: progress lines; config, hyperparameters, per-step losses and evaluations; the loss curve |

@@ -204,6 +204,10 @@ CASES = [
                    "{{ -2 ** 2 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 10 - 3 - 2 }} {{ true + 1 }} {{ 3 * 'ab' }} "
                    "{{ 'ab' * 2 }} {{ [1] * 3 }} {{ [1, 2] + [3] }} {{ (1,) + (2,) }} {{ 'a' + 'b' }} {{ 5 / 2 }} {{ -5 // 2.0 }} "
                    "{{ 1e300 * 1e300 }} {{ 'x' * 0 }} {{ 'x' * -1 }} {{ -(-3) }} {{ +3 }} {{ - 1.5 }} {{ 9 ** 0.5 }}", {}),
+    ("percent_format", "{{ '%s-%d' % ('a', 3) }}|{{ '%5.2f|%-4s|%03d|%+d' % (3.14159, 'ab', 7, 5) }}|{{ '%s' % [1, 2] }}|"
+                       "{{ '%r %%' % ('x',) }}|{{ '%(a)s=%(b)05.1f' % {'a': 'k', 'b': 2.25} }}|{{ '%x %X %o %#o %#x' % (255, 255, 8, 8, 255) }}|"
+                       "{{ '%5x|%-6x|' % (-255, -255) }}{{ '%e %g %G' % (12345.678, 0.0001, 1e20) }}|{{ '%c%c' % (65, 'é') }}|"
+                       "{{ '%.2s|%5s|%-5s|' % ('abc', 'é', 'é') }}{{ 'abc' % () }}|{{ 'abc' % [] }}|{{ '%d' % 3.9 }}|{{ '%i %u' % (1, 2) }}", {}),
     ("concat", "{{ 'a' ~ 1 ~ 1.5 ~ none ~ true ~ [1] ~ missing ~ 'z' }}", {}),
     ("comparisons", "{{ 1 < 2 }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} "
                     "{{ (1, 2) == [1, 2] }} {{ none == none }} {{ 1 != 2 }} {{ 2 >= 2 }} {{ 'abc' <= 'abd' }} "
@@ -247,6 +251,20 @@ CASES = [
                      "{{ true is sameas true }}{{ 'x'|safe is escaped }}{{ 'x' is escaped }}{{ 2 is greaterthan 1 }}"
                      "{{ 1 is lessthan 2 }}", {}),
     ("tests_negated", "{{ 1 is not none }} {{ not 1 is none }} {{ x is not defined }} {{ x is not string }}", {}),
+    ("markup_methods", "{{ ('<b>'|safe).replace('b', '<') }} {{ ('<b> '|safe).strip() is escaped }} "
+                       "{{ ('x'|safe)|trim is escaped }} {{ '<'|safe|upper is escaped }} {{ ('a'|safe) ~ '<' }} "
+                       "{{ ('a'|safe)|string is escaped }} {{ d|tojson|safe }} {{ ('<b>'|safe)[1:] is escaped }}",
+     {"d": {"k": "<v>"}}),
+    ("loop_else_after_filter", "{% for x in [1, 2] if x > 5 %}{{ x }}{% else %}none{% endfor %}", {}),
+    ("text_outside_tags", "héllo {{ 'wörld' }} ✓ } { %} #} {{ \"{{ not a tag }}\" }}{{ '{%' ~ '%}' }}", {}),
+    ("lazy_generators", "{{ ([1]|map('nope')) is iterable }} {{ [1, 'a']|select('odd')|first }} "
+                        "{{ [1]|items is iterable }} {{ []|map(nope)|list }} {{ [1]|reject('odd', 'equalto', 'x') is sequence }} "
+                        "{{ 1 in [1, 'a']|select('odd') }}", {}),
+    ("markup_iteration", "{{ ('<b>'|safe)|list }} {{ ('ab'|safe)[0] is escaped }} {% for c in 'x'|safe %}{{ c is escaped }}{% endfor %}", {}),
+    ("unicode_names", "{% set größe = 2 %}{{ größe }} {{ 名前 is defined }}", {}),
+    ("raw_at_end", "x{% raw %}", {}),
+    ("comment_at_end", "y{#", {}),
+    ("undefined_is_hashable", "{{ {nope: 1}|length }} {{ [nope, nope]|unique|list }} {{ {nope: 1}[none] is defined }}", {}),
     # filters
     ("filter_trim", "[{{ '  a b \\n'|trim }}][{{ 'xxaxx'|trim('x') }}][{{ ' \u3000a\u3000 '|trim }}][{{ 5|trim }}]", {}),
     ("filter_length_count", "{{ 'héllo'|length }} {{ [1, 2]|count }} {{ {'a': 1}|length }} {{ ''|length }} {{ (1, 2, 3)|length }}", {}),
@@ -273,7 +291,8 @@ CASES = [
                                 "{{ ' 42 '|int }} {{ '4.7'|int }} {{ 'x'|int }} {{ 'x'|int(-1) }} {{ 3.9|int }} {{ -3.9|int }} "
                                 "{{ true|int }} {{ '1A'|int(base=16) }} {{ '1_000'|int }} {{ '-7'|int }} {{ '2.5'|float }} "
                                 "{{ 'x'|float }} {{ 3|float }} {{ '1e3'|float }} {{ ' -inf '|float }} {{ none|int }} "
-                                "{{ none|float(1.5) }} {{ '+5'|int }}", {}),
+                                "{{ none|float(1.5) }} {{ '+5'|int }} {{ '0x1A'|int(0) }} {{ '0x1A'|int(base=16) }} "
+                                "{{ '1A'|int(base=73) }} {{ '010'|int(0) }} {{ '0b101'|int(0) }} {{ '0o17'|int(8) }}", {}),
     ("filter_list_items", "{{ 'abc'|list }} {{ {'a': 1, 'b': 2}|list }} {{ (1, 2)|list }} {{ {'a': 1}|items|list }} {{ [3, 1]|list }}", {}),
     ("filter_dictsort", "{{ d|dictsort }} {{ d|dictsort(reverse=true) }} {{ d|dictsort(by='value') }} {{ d|dictsort(true) }}",
      {"d": {"b": 1, "A": 3, "a": 2}}),
@@ -387,6 +406,15 @@ CASES = [
     ("err_undefined_compare", "{{ missing < 1 }}", {}),
     ("err_str_index_missing", "{{ 'abc'.index('z') }}", {}),
     ("err_startswith_int", "{{ 'abc'.startswith(1) }}", {}),
+    ("err_none_compare", "{{ none < 1 }}", {}),
+    ("err_percent_not_all_converted", "{{ 'abc' % 5 }}", {}),
+    ("err_percent_not_enough", "{{ '%s %s' % ('a',) }}", {}),
+    ("err_percent_number_required", "{{ '%d' % 'x' }}", {}),
+    ("err_generator_read", "{{ [1]|map('nope')|list }}", {}),
+    ("err_generator_read_after_items", "{{ [1, 'a']|select('odd')|list }}", {}),
+    ("err_sort_reverse_not_int", "{{ [2, 1]|sort(reverse='yes') }}", {}),
+    ("err_namespace_undefined_argument", "{% set ns = namespace(nope) %}", {}),
+    ("err_assign_undefined_namespace", "{% set ns.x = 1 %}", {}),
 ]
 
 

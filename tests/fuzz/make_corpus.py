@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpora tests/fuzz/corpus/<target>/ (small valid and near-valid inputs):
 gguf, safetensors, checksums (SHA256SUMS text), config (config.json, "\0", then
-generation_config.json), tokenizer (tokenizer.json) and openai_request (HTTP request bodies).
-Standard library only; rerun after changing it:
+generation_config.json), tokenizer (tokenizer.json), jinja (a template, "\0", then variables)
+and openai_request (HTTP request bodies). Standard library only; rerun after changing it:
 
     python3 tests/fuzz/make_corpus.py
 
@@ -293,6 +293,37 @@ def tokenizer_seeds():
     return seeds
 
 
+def jinja_seeds():
+    """Templates, optionally followed by NUL and the variables as JSON (jinja_fuzz.cpp): the
+    chat templates and the engine's cases from tests/fixtures/chat_templates/."""
+    d = os.path.join(HERE, "..", "fixtures", "chat_templates")
+    seeds = {}
+    for fn in sorted(os.listdir(d)):
+        with open(os.path.join(d, fn), encoding="utf-8") as f:
+            fixture = json.load(f)
+        if fn == "jinja_cases.json":
+            cases = fixture["cases"]
+            variables = {}
+            for c in cases:
+                for k, v in c["variables"].items():
+                    variables.setdefault(k, v)
+            tail = b"\0" + json.dumps(variables).encode()
+            for kind in ("expected", "error"):  # in pieces that fit scripts/fuzz's max_len
+                chunk, n = [], 0
+                for c in [c for c in cases if kind in c] + [None]:
+                    if c is None or (chunk and len("\n".join(chunk + [c["template"]])) + len(tail) > 12000):
+                        seeds[f"cases_{kind}_{n}.jinja"] = "\n".join(chunk).encode() + tail
+                        chunk, n = [], n + 1
+                    if c is not None:
+                        chunk.append(c["template"])
+        else:
+            seeds[fn.replace(".json", ".jinja")] = fixture["template"]["source"].encode()
+    seeds["near_unclosed.jinja"] = b"{% for m in messages %}{{ m.content | trim"
+    seeds["near_deep.jinja"] = b"{{ " + b"(" * 120 + b"1" + b")" * 120 + b" }}"
+    seeds["near_recursion.jinja"] = b"{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}"
+    return seeds
+
+
 def openai_request_seeds():
     """HTTP request bodies of /v1/completions, /v1/chat/completions and /generate."""
     hi = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
@@ -325,7 +356,8 @@ def openai_request_seeds():
 def main():
     for sub, seeds in (("gguf", gguf_seeds()), ("safetensors", safetensors_seeds()),
                        ("checksums", checksums_seeds()), ("config", config_seeds()),
-                       ("tokenizer", tokenizer_seeds()), ("openai_request", openai_request_seeds())):
+                       ("tokenizer", tokenizer_seeds()), ("jinja", jinja_seeds()),
+                       ("openai_request", openai_request_seeds())):
         d = os.path.join(HERE, "corpus", sub)
         os.makedirs(d, exist_ok=True)
         for fn in os.listdir(d):

@@ -119,7 +119,6 @@ TEST_CASE("jinja: render errors name the position of the failing expression") {
                {"t:1:16: cannot assign attribute on non-namespace object"});
   expect_error([] { (void)render("{{ 2 ** 64 }}"); }, {"integer overflow"});
   expect_error([] { (void)render("{{ 9223372036854775807 + 1 }}"); }, {"integer overflow"});
-  expect_error([] { (void)render("{{ '%s' % 1 }}"); }, {"string formatting with '%' is not supported"});
   expect_error([] { (void)render("{{ 'a'.format(1) }}"); }, {"str.format() is not supported"});
   expect_error([] { (void)render("{{ cycler(1) }}"); }, {"cycler() is not supported"});
   expect_error([] { (void)Template("{{ x }}", "t").render(Json::array()); },
@@ -186,7 +185,8 @@ TEST_CASE("jinja: hostile templates hit limits, not the stack or the clock") {
     expect_error([&] { (void)render("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
                                     Json::object(), l); },
                  {"template exceeded 100000 evaluation steps"});
-    expect_error([&] { (void)render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"); },
+    // building a dict whose keys are not strings costs a step per key compared
+    expect_error([&] { (void)render("{{ dict(range(4000)|batch(2)|list)|length }}", Json::object(), l); },
                  {"evaluation steps"});
   }
   SUBCASE("range") {
@@ -200,13 +200,11 @@ TEST_CASE("jinja: hostile templates hit limits, not the stack or the clock") {
     expect_error([] { (void)render("{% set ns = namespace(x=[]) %}{% for i in range(300) %}{% set ns.x = [ns.x] %}{% endfor %}"); },
                  {"value nests deeper than 256 lists or dicts"});
     // a chain of namespaces is fine to build, not to print
-    expect_error([] { (void)render("{% set ns = namespace(x=none) %}{% for i in range(100000) %}"
+    expect_error([] { (void)render("{% set ns = namespace(x=none) %}{% for i in range(2000) %}"
                                    "{% set ns.x = namespace(prev=ns.x) %}{% endfor %}{{ ns }}"); },
                  {"a value nests too deeply to print"});
   }
-  SUBCASE("big dicts cost what their size says") {
-    qflash::test::expect_error([] { (void)render("{{ dict(range(100000)|batch(2)|list)|length }}"); },
-                               {"evaluation steps"});
+  SUBCASE("a big dict's str keys are found by hash") {
     Json big = Json::object();
     for (int i = 0; i < 20000; ++i) big["k" + std::to_string(i)] = i;
     CHECK(render("{% set ns = namespace(n=0) %}{% for k in d %}{% set ns.n = ns.n + d[k] %}{% endfor %}{{ ns.n }}",

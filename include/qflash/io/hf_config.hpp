@@ -274,6 +274,19 @@ inline ModelConfig load_config(std::string const& dir) {
         c.eos_token_ids.push_back(id);
     if (!c.bos_token_id) c.bos_token_id = gf.optional_nonneg_int("bos_token_id");
     if (!c.pad_token_id) c.pad_token_id = gf.optional_nonneg_int("pad_token_id");
+    auto& gen = c.generation;
+    if (gf.has("do_sample")) gen.do_sample = gf.boolean("do_sample", false);
+    auto number = [&](std::string_view key, double lo, double hi, char const* expected, std::optional<float>& out) {
+      if (!gf.has(key)) return;
+      double const v = gf.number(key);
+      if (!(v >= lo && v <= hi)) gf.fail(key, expected);
+      out = static_cast<float>(v);
+    };
+    number("temperature", 0.0, 100.0, "a number in [0, 100]", gen.temperature);
+    number("top_p", 1e-9, 1.0, "a number in (0, 1]", gen.top_p);
+    number("min_p", 0.0, 1.0, "a number in [0, 1]", gen.min_p);
+    number("repetition_penalty", 1e-3, 100.0, "a number in [0.001, 100]", gen.repetition_penalty);
+    if (gf.has("top_k")) gen.top_k = static_cast<int>(gf.integer("top_k", 0, 1 << 24, "an integer in [0, 16777216]"));
   }
   // A special token the embedding does not have would index past it.
   auto check_id = [&](std::optional<int> id, std::string_view key) {

@@ -9,18 +9,21 @@
 /// `for` (loop variables, `else`, an inline `if` filter, unpacking), `break`, `continue`, `set`
 /// (also `ns.attr` and block set), `macro` with defaults, `varargs` and `kwargs`, `filter`,
 /// `with`, `print`; every expression of jinja2's grammar with Python's semantics (integer
-/// division and modulo round down, `~` and printing use str(), so `{{ [1, 'a', None] }}`
-/// prints `[1, 'a', None]` and `{{ 0.1 }}` `0.1`); attribute and item lookup as the sandbox
+/// division and modulo round down, `%` formats strings printf-style, `~` and printing use
+/// str(), so `{{ [1, 'a', None] }}` prints `[1, 'a', None]` and `{{ 0.1 }}` `0.1`); attribute
+/// and item lookup as the sandbox
 /// does it (missing ones are undefined; mutating methods are refused); the tests of jinja2;
 /// the filters in detail::kFilters; the str, dict and list methods templates call.
 ///
 /// Deliberate differences: integers are 64-bit (overflow is an error, not a big integer);
-/// case mapping (upper, lower, title, capitalize) changes ASCII letters only; `%` string
-/// formatting, `str.format`, `\N{...}` escapes, recursive loops, `call` blocks, `block`,
+/// case mapping and case tests (upper, lower, title, capitalize, islower, ...) see ASCII
+/// letters only; `str.format`, `\N{...}` escapes, recursive loops, `call` blocks, `block`,
 /// `extends`/`include`/`import` and the filters in detail::kUnsupportedFilters are refused with
-/// an error naming them; `range()` gives a list, and iterators print as `<generator object>`;
+/// an error naming them; `range()` gives a list; generators (what map, select, items, ...
+/// return) print as `<generator object>` without an address, and can be read more than once;
 /// repr() escapes only the non-printable characters it knows (unassigned code points print
-/// raw). Limits bound nesting, work and output where Python would only hit its recursion limit.
+/// raw); a name may hold any non-ASCII character but whitespace. Limits bound nesting, work and
+/// output where Python would only hit its recursion limit.
 #pragma once
 
 #include <memory>

@@ -5,6 +5,10 @@
 /// is sized in blocks, from a byte budget or a context: its arenas are allocated at once
 /// (kUpFront) or as blocks are first used (kOnDemand, for a private single-sequence pool).
 /// Running out is an Error that leaves every block as it was.
+///
+/// Blocks are reference-counted, so sequences can share the blocks of a common prefix: a
+/// BlockReuse (the prefix cache) may mark blocks as reusable, keep them after their last
+/// reference is gone, and hand them back when the pool runs short of free blocks.
 #pragma once
 
 #include <algorithm>
@@ -97,6 +101,20 @@ class KvLayout {
   std::vector<Layer> layers_;
 };
 
+/// Keeps blocks whose contents may be read again after their last reference goes (the
+/// prefix cache, kv/prefix_cache.hpp), until the pool needs them.
+class BlockReuse {
+ public:
+  virtual ~BlockReuse() = default;
+  /// A block marked reusable lost its last reference; it is kept until reclaim() gives it up.
+  virtual void unreferenced(std::int32_t block) = 0;
+  /// Unreferenced blocks kept now.
+  [[nodiscard]] virtual std::int64_t reclaimable() const = 0;
+  /// Forgets one unreferenced block (by its policy) and returns it for reuse; only called when
+  /// reclaimable() > 0.
+  virtual std::int32_t reclaim() = 0;
+};
+
 class KvBlockPool {
  public:
   enum class Allocation { kUpFront, kOnDemand };
@@ -120,36 +138,89 @@ class KvBlockPool {
 
   [[nodiscard]] KvLayout const& layout() const { return layout_; }
   [[nodiscard]] std::int64_t capacity() const { return capacity_; }
-  [[nodiscard]] std::int64_t used_blocks() const { return next_ - static_cast<std::int64_t>(free_.size()); }
-  [[nodiscard]] std::int64_t free_blocks() const { return capacity_ - used_blocks(); }
+  /// Blocks some sequence references.
+  [[nodiscard]] std::int64_t used_blocks() const { return referenced_; }
+  /// Blocks allocate() can hand out: free ones and those a BlockReuse keeps unreferenced.
+  [[nodiscard]] std::int64_t free_blocks() const { return capacity_ - referenced_; }
+  /// Sequences referencing `block`.
+  [[nodiscard]] int references(std::int32_t block) const { return refs_[static_cast<std::size_t>(block)]; }
   /// Bytes the arenas hold now (allocated; kOnDemand's untouched room is not resident).
   [[nodiscard]] std::int64_t reserved_bytes() const { return allocated_ * layout_.block_bytes(); }
 
-  /// Appends `n` blocks to `table`, or throws (naming what was asked and what is free)
-  /// with `table` and the pool unchanged.
+  /// Appends `n` blocks to `table`, each with one reference, or throws (naming what was asked
+  /// and what is free) with `table` and the pool unchanged. Free blocks go first, then blocks a
+  /// BlockReuse gives up.
   void allocate(std::int64_t n, std::vector<std::int32_t>& table) {
     if (n <= 0) return;
     QFLASH_CHECK(n <= free_blocks(), "KV cache full: ", n, " more blocks of ", layout_.block_tokens(),
                  " tokens needed, ", free_blocks(), " of ", capacity_, " free (", layout_.block_bytes(),
                  " bytes each); give the KV cache more memory or use shorter or fewer sequences");
+    std::int64_t const unused = static_cast<std::int64_t>(free_.size()) + (capacity_ - next_);
+    for (std::int64_t i = unused; i < n; ++i) free_.push_back(reuse_->reclaim());
     std::int64_t const fresh = std::max<std::int64_t>(0, n - static_cast<std::int64_t>(free_.size()));
     if (next_ + fresh > allocated_) grow(std::min(capacity_, std::max(next_ + fresh, 2 * allocated_)));
     table.reserve(table.size() + static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
+      std::int32_t b;
       if (!free_.empty()) {
-        table.push_back(free_.back());
+        b = free_.back();
         free_.pop_back();
       } else {
-        table.push_back(static_cast<std::int32_t>(next_++));
+        b = static_cast<std::int32_t>(next_++);
+        refs_.push_back(0);
+        reusable_.push_back(false);
       }
+      refs_[static_cast<std::size_t>(b)] = 1;
+      reusable_[static_cast<std::size_t>(b)] = false;
+      table.push_back(b);
+    }
+    referenced_ += n;
+  }
+
+  /// One more reference to a block that is referenced now, or that `reuse` keeps (it must
+  /// stop keeping it for reclaim()).
+  void retain(std::int32_t b) {
+    check_block(b);
+    QFLASH_CHECK(refs_[static_cast<std::size_t>(b)] > 0 || reusable_[static_cast<std::size_t>(b)],
+                 "KV pool: block ", b, " is free; only referenced or reusable blocks can be retained");
+    if (refs_[static_cast<std::size_t>(b)]++ == 0) ++referenced_;
+  }
+
+  /// Drops one reference to each block; a block left without one is free again, or kept by
+  /// the BlockReuse when marked reusable.
+  void release(std::span<std::int32_t const> blocks) {
+    for (std::int32_t b : blocks) {
+      check_block(b);
+      int& r = refs_[static_cast<std::size_t>(b)];
+      QFLASH_CHECK(r > 0, "KV pool: block ", b, " released more often than referenced");
+      if (--r > 0) continue;
+      --referenced_;
+      if (reusable_[static_cast<std::size_t>(b)])
+        reuse_->unreferenced(b);
+      else
+        free_.push_back(b);
     }
   }
 
-  /// Gives blocks back.
-  void release(std::span<std::int32_t const> blocks) {
-    for (std::int32_t b : blocks) {
-      QFLASH_CHECK(b >= 0 && b < next_, "KV pool: block ", b, " was never allocated");
-      free_.push_back(b);
+  /// Lets `reuse` keep blocks marked reusable after their last reference (one per pool).
+  void set_reuse(BlockReuse* reuse) { reuse_ = reuse; }
+  /// Marks a referenced block as one the BlockReuse keeps once unreferenced (its contents are
+  /// final: a full block of a cached prefix).
+  void mark_reusable(std::int32_t b) {
+    check_block(b);
+    QFLASH_CHECK(reuse_, "KV pool: no BlockReuse to keep reusable blocks");
+    reusable_[static_cast<std::size_t>(b)] = true;
+  }
+  [[nodiscard]] bool reusable(std::int32_t b) const { return reusable_[static_cast<std::size_t>(b)]; }
+
+  /// Copies block `from`'s contents in every layer to block `to`.
+  void copy_block(std::int32_t from, std::int32_t to) {
+    check_block(from);
+    check_block(to);
+    for (std::size_t l = 0; l < arenas_.size(); ++l) {
+      if (!layout_.holds_kv(l)) continue;
+      std::int64_t const bytes = layout_.layer_block_bytes(l);
+      std::memcpy(arenas_[l].get() + to * bytes, arenas_[l].get() + from * bytes, static_cast<std::size_t>(bytes));
     }
   }
 
@@ -184,11 +255,19 @@ class KvBlockPool {
     allocated_ = blocks;
   }
 
+  void check_block(std::int32_t b) const {
+    QFLASH_CHECK(b >= 0 && b < next_, "KV pool: block ", b, " was never allocated");
+  }
+
   KvLayout layout_;
   std::int64_t capacity_ = 0;
   std::int64_t allocated_ = 0;        ///< blocks the arenas hold
   std::int64_t next_ = 0;             ///< blocks handed out at least once
+  std::int64_t referenced_ = 0;       ///< blocks with references
   std::vector<std::int32_t> free_;    ///< returned blocks, reused first
+  std::vector<int> refs_;             ///< [next_] references per block
+  std::vector<bool> reusable_;        ///< [next_] kept by reuse_ when unreferenced
+  BlockReuse* reuse_ = nullptr;
   std::vector<std::unique_ptr<std::uint8_t[]>> arenas_;  ///< per layer; null for layers without KV
 };
 

@@ -116,6 +116,15 @@ class KvMap {
   }
 
   /// K and V bytes of one token over every layer and head.
+  /// True when some key or value is stored in fewer than 16 bits (fp8, int8, int6): the
+  /// compressed levels of the KV hierarchy.
+  [[nodiscard]] bool compressed() const {
+    for (auto const& l : layers_)
+      for (KvFormats const& f : l)
+        for (KvFormat x : {f.k, f.v})
+          if (x == KvFormat::kFp8E4m3 || x == KvFormat::kInt8 || x == KvFormat::kInt6) return true;
+    return false;
+  }
   [[nodiscard]] std::int64_t bytes_per_token(std::int64_t d_head) const {
     std::int64_t b = 0;
     for (auto const& l : layers_)

@@ -2,18 +2,24 @@
 /// Per-sequence caches, owned by the caller (the runtime), read and written by layers through
 /// the model's forward: a block table into a paged KV pool (kv/block_pool.hpp) for the
 /// full-attention layers, and conv and recurrent state for Gated DeltaNet layers. Layers see
-/// a KvView per layer, never the pool.
+/// a KvView per layer, never the pool. A sequence may start from blocks it shares with others
+/// (a cached prefix), be forked, and have its linear state saved and restored (prefix hits of
+/// hybrid models).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "qflash/core/error.hpp"
 #include "qflash/kv/block_pool.hpp"
+#include "qflash/kv/prefix_cache.hpp"
 #include "qflash/model/config.hpp"
+#include "qflash/numeric/bf16.hpp"
 
 namespace qflash::model {
 
@@ -98,6 +104,77 @@ class SequenceState {
     }
   }
 
+  /// Starts an empty sequence from `blocks`, which hold its first `n_tokens` positions and on
+  /// which the caller has taken a reference for it (a prefix cache match); its linear state,
+  /// if any, must be restored to the state after those tokens.
+  void adopt_prefix(std::span<std::int32_t const> blocks, std::int64_t n_tokens) {
+    QFLASH_CHECK(n_past_ == 0 && blocks_.empty(), "adopt_prefix: the sequence is not empty");
+    QFLASH_CHECK(n_tokens == static_cast<std::int64_t>(blocks.size()) * pool_->layout().block_tokens(),
+                 "adopt_prefix: ", blocks.size(), " blocks do not hold ", n_tokens, " positions");
+    blocks_.assign(blocks.begin(), blocks.end());
+    n_past_ = n_tokens;
+  }
+
+  /// A copy that goes its own way from here: whole blocks are shared (one more reference each),
+  /// the partly filled last block is copied, linear states too. Throws, changing nothing, when
+  /// the pool has no block for the copy.
+  [[nodiscard]] SequenceState fork() const {
+    SequenceState c(max_positions_, pool_, linear_);
+    std::int64_t const full = n_past_ / pool_->layout().block_tokens();
+    if (static_cast<std::int64_t>(blocks_.size()) > full) {
+      pool_->allocate(1, c.blocks_);
+      pool_->copy_block(blocks_[static_cast<std::size_t>(full)], c.blocks_.back());
+    }
+    std::vector<std::int32_t> shared(blocks_.begin(), blocks_.begin() + std::min<std::ptrdiff_t>(full, blocks_.size()));
+    for (std::int32_t b : shared) pool_->retain(b);
+    c.blocks_.insert(c.blocks_.begin(), shared.begin(), shared.end());
+    c.n_past_ = n_past_;
+    return c;
+  }
+
+  /// The linear layers' conv and recurrent states, in bf16 (half the bytes; restoring them
+  /// rounds the state) or fp32 (exact).
+  [[nodiscard]] std::shared_ptr<kv::StateSnapshot> snapshot_linear(bool bf16) const {
+    auto snap = std::make_shared<kv::StateSnapshot>();
+    std::size_t const n = linear_floats();
+    snap->bytes.resize(n * (bf16 ? sizeof(Bf16) : sizeof(float)) + 1);
+    snap->bytes[0] = std::byte{bf16};
+    std::byte* out = snap->bytes.data() + 1;
+    for_each_linear(*this, [&](float const* v, std::size_t count) {
+      if (bf16) {
+        for (std::size_t i = 0; i < count; ++i, out += sizeof(Bf16)) {
+          Bf16 const h = to_bf16(v[i]);
+          std::memcpy(out, &h, sizeof h);
+        }
+      } else {
+        std::memcpy(out, v, count * sizeof(float));
+        out += count * sizeof(float);
+      }
+    });
+    return snap;
+  }
+  /// Sets the linear states from snapshot_linear's bytes (of a sequence of the same model).
+  void restore_linear(kv::StateSnapshot const& snap) {
+    bool const bf16 = !snap.bytes.empty() && snap.bytes[0] == std::byte{1};
+    QFLASH_CHECK(snap.bytes.size() == linear_floats() * (bf16 ? sizeof(Bf16) : sizeof(float)) + 1,
+                 "restore_linear: the snapshot is of another model");
+    std::byte const* in = snap.bytes.data() + 1;
+    for_each_linear(*this, [&](float* v, std::size_t count) {
+      if (bf16) {
+        for (std::size_t i = 0; i < count; ++i, in += sizeof(Bf16)) {
+          Bf16 h;
+          std::memcpy(&h, in, sizeof h);
+          v[i] = to_float(h);
+        }
+      } else {
+        std::memcpy(v, in, count * sizeof(float));
+        in += count * sizeof(float);
+      }
+    });
+  }
+  /// True when the model has linear-attention layers (whose state a prefix hit must restore).
+  [[nodiscard]] bool has_linear_state() const { return linear_floats() > 0; }
+
   /// Bytes held now: KV blocks (grown a block at a time) and linear state (fixed).
   [[nodiscard]] std::size_t bytes() const {
     std::size_t b = blocks_.size() * static_cast<std::size_t>(pool_->layout().block_bytes());
@@ -106,6 +183,23 @@ class SequenceState {
   }
 
  private:
+  SequenceState(std::int64_t max_positions, std::shared_ptr<kv::KvBlockPool> pool, std::vector<LinearState> linear)
+      : max_positions_(max_positions), pool_(std::move(pool)), linear_(std::move(linear)) {}
+
+  [[nodiscard]] std::size_t linear_floats() const {
+    std::size_t n = 0;
+    for (auto const& l : linear_) n += l.conv.size() + l.recurrent.size();
+    return n;
+  }
+  /// fn(data, count) over every linear layer's conv, then recurrent state.
+  template <class Self, class Fn>
+  static void for_each_linear(Self& self, Fn&& fn) {
+    for (auto& l : self.linear_) {
+      fn(l.conv.data(), l.conv.size());
+      fn(l.recurrent.data(), l.recurrent.size());
+    }
+  }
+
   void release_blocks() {
     if (pool_) pool_->release(blocks_);
     blocks_.clear();

@@ -52,6 +52,12 @@ struct ModelConfig {
 
   std::vector<int> eos_token_ids;  ///< config's, then generation_config's, without repeats
   std::optional<int> bos_token_id, pad_token_id;
+  /// generation_config.json's sampling settings; unset when the file does not give them.
+  struct GenerationDefaults {
+    std::optional<bool> do_sample;
+    std::optional<float> temperature, top_p, min_p, repetition_penalty;
+    std::optional<int> top_k;
+  } generation;
   int max_position_embeddings = 0;
 
   /// qwen3_moe: layer i is a dense MLP (width d_ff_dense) when it is in mlp_only_layers or

@@ -39,6 +39,7 @@ namespace qflash::model {
 struct ModelOptions {
   DeltaRuleOptions delta;     ///< how prefill chunks run the delta rule
   stream_t stream = nullptr;  ///< the CUDA stream every kernel runs on (null: default; CPU ignores it)
+  RouteObserver on_route;     ///< called by every MoE layer after routing (empty: not called)
 };
 
 enum class LogitsFor { kAllTokens, kLastToken };
@@ -81,7 +82,7 @@ class Model {
         mixers_.emplace_back(std::in_place_type<Attention>, cfg_, lw.attention, l, norm_kind_);
       else
         mixers_.emplace_back(std::in_place_type<DeltaNet>, cfg_, lw.linear, l, opts_.delta);
-      moe_.emplace_back(cfg_, lw.moe);
+      moe_.emplace_back(cfg_, lw.moe, l, &opts_.on_route);
     }
   }
   Model(Model const&) = delete;

@@ -20,25 +20,24 @@
 
 #include "qflash/io/tokenizer.hpp"
 #include "qflash/kv/map.hpp"
+#include "qflash/kv/prefix_cache.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/runtime/request.hpp"
 #include "qflash/runtime/sampler.hpp"
 
 namespace qflash::runtime {
 
-/// How the prefix cache picks the cached blocks to drop when the pool needs room.
-enum class EvictionPolicy {
-  kLru,         ///< least recently used first
-  kLruWithAge,  ///< as kLru, but blocks used within min_age_seconds are kept while any older one is left
-};
+using kv::EvictionPolicy;
 
 struct PrefixCacheOptions {
   bool enabled = true;
   EvictionPolicy eviction = EvictionPolicy::kLru;
   double min_age_seconds = 30.0;  ///< kLruWithAge only
-  /// Hybrid models: a DeltaNet state snapshot is kept every this many full blocks of a prompt
-  /// (and at the prompt's last full block), so that a hit resumes at the last snapshot.
+  /// Hybrid models: a DeltaNet state snapshot is kept every this many full blocks of a sequence
+  /// (and at its prompt's last full block), so that a hit resumes at the last snapshot.
   int snapshot_every_blocks = 4;
+  double snapshot_share = 0.25;  ///< hybrid models: the part of kv_cache_bytes kept for snapshots
+  bool snapshot_bf16 = true;     ///< snapshots in bf16 (half the bytes; restoring rounds the state) or fp32
 };
 
 struct EngineOptions {

@@ -178,6 +178,7 @@ class Lexer {
   }
 
   std::size_t raw_body(std::size_t from) {
+    if (from >= s_.size()) return from;  // jinja2 stops quietly when nothing follows
     for (std::size_t j = s_.find("{%", from); j != std::string_view::npos; j = s_.find("{%", j + 1)) {
       std::size_t i = j + 2;
       char const sign = i < s_.size() && (s_[i] == '-' || s_[i] == '+') ? s_[i] : 0;
@@ -194,6 +195,7 @@ class Lexer {
   }
 
   std::size_t comment(std::size_t p, std::size_t from) {
+    if (from >= s_.size()) return from;  // jinja2 stops quietly when nothing follows
     std::size_t const h = s_.find("#}", from);
     if (h == std::string_view::npos)
       map_.fail(static_cast<std::uint32_t>(p), "missing end of comment tag ('#}')");
@@ -399,9 +401,17 @@ class Lexer {
     auto const at = static_cast<std::uint32_t>(i);
     char const c = s_[i];
     if (std::isdigit(static_cast<unsigned char>(c))) return number(i, out_);
-    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
-      std::size_t j = i + 1;
-      while (j < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[j])) || s_[j] == '_')) ++j;
+    // Names: ASCII letters, digits and '_', and (as Python's identifiers allow) other
+    // characters, taken here to be every non-ASCII one but whitespace.
+    auto const name_char = [&](std::size_t k) -> std::size_t {
+      auto const b = static_cast<unsigned char>(s_[k]);
+      if (b < 0x80) return std::isalnum(b) || b == '_' ? 1 : 0;
+      std::size_t len = 1;
+      return py_isspace(utf8_at(s_, k, len)) ? 0 : len;
+    };
+    if (!std::isdigit(static_cast<unsigned char>(c)) && name_char(i)) {
+      std::size_t j = i;
+      while (j < s_.size() && name_char(j)) j += name_char(j);
       out_.push_back(Token{Tok::kName, at, std::string(s_.substr(i, j - i))});
       return j;
     }

@@ -1119,7 +1119,9 @@ class Renderer {
   Value iterable(Value const& v) {
     switch (v.kind()) {
       case Value::Kind::kUndefined: return Value::list({});
-      case Value::Kind::kList: return v;
+      case Value::Kind::kList:
+        if (v.list().failure) throw Failure{*v.list().failure};
+        return v;
       case Value::Kind::kDict: {
         std::vector<Value> keys;
         for (auto const& kv : v.dict().items) keys.push_back(kv.first);
@@ -1129,7 +1131,8 @@ class Renderer {
       case Value::Kind::kString: {
         CodePoints cp(v.str());
         std::vector<Value> chars;
-        for (std::int64_t i = 0; i < cp.size(); ++i) chars.push_back(Value::string(std::string(cp.at(i)), v.markup()));
+        // iterating a Markup gives plain characters (str.__iter__), indexing it Markup ones
+        for (std::int64_t i = 0; i < cp.size(); ++i) chars.push_back(Value::string(std::string(cp.at(i))));
         step(chars.size());
         return Value::list(std::move(chars));
       }
@@ -1168,6 +1171,7 @@ class Renderer {
         step(container.list().items.size());
         for (auto const& item : container.list().items)
           if (py_eq(item, x)) return true;
+        if (container.list().failure) throw Failure{*container.list().failure};
         return false;
       default: throw Failure{"argument of type '" + type_name(container) + "' is not iterable"};
     }
@@ -1391,7 +1395,7 @@ class Renderer {
           return Value::number(op == Op::kMod ? m : q);
         }
         if (nums) return Value::integer(op == Op::kMod ? floor_mod(a.as_int(), b.as_int()) : floor_div(a.as_int(), b.as_int()));
-        if (op == Op::kMod && a.is_string()) throw Failure{"string formatting with '%' is not supported"};
+        if (op == Op::kMod && a.is_string()) return percent_format(a, b);
         unsupported(op, a, b);
       case Op::kPow: {
         if (!nums) unsupported(op, a, b);
@@ -1410,6 +1414,143 @@ class Renderer {
       }
       default: return Value();
     }
+  }
+
+  /// Python's printf-style `str % args`: flags, width and precision, and the conversions
+  /// s r d i u f F e E g G x X o c %, positional or by `%(name)` from a dict.
+  Value percent_format(Value const& format, Value const& args) {
+    std::string const& f = format.str();
+    bool const tuple = args.is_list() && args.list().kind == SeqKind::kTuple;
+    bool const mapping = !tuple && (args.is_dict() || args.is_list());  // Python: no "not all converted"
+    std::vector<Value> const single{args};
+    std::vector<Value> const& vals = tuple ? args.list().items : single;
+    std::size_t next = 0;
+    std::string out;
+    auto const number = [&](std::size_t& i) {
+      std::int64_t n = 0;
+      if (i < f.size() && f[i] == '*') {
+        ++i;
+        if (next >= vals.size()) throw Failure{"not enough arguments for format string"};
+        return want_int(vals[next++], "* wants int");
+      }
+      while (i < f.size() && std::isdigit(static_cast<unsigned char>(f[i])) && n < 100000) n = n * 10 + (f[i++] - '0');
+      return n;
+    };
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (f[i] != '%') {
+        out += f[i];
+        continue;
+      }
+      ++i;
+      Value const* arg = nullptr;
+      if (i < f.size() && f[i] == '(') {
+        std::size_t const close = f.find(')', i);
+        if (close == std::string::npos) throw Failure{"incomplete format key"};
+        if (!args.is_dict()) throw Failure{"format requires a mapping"};
+        arg = args.dict().find(std::string_view(f).substr(i + 1, close - i - 1));
+        if (!arg) throw Failure{"'" + f.substr(i + 1, close - i - 1) + "'"};
+        i = close + 1;
+      }
+      std::string flags;
+      while (i < f.size() && std::string_view("-+ #0").find(f[i]) != std::string_view::npos) flags += f[i++];
+      std::int64_t width = number(i);
+      if (width < 0) {
+        flags += '-';
+        width = -width;
+      }
+      std::int64_t precision = -1;
+      if (i < f.size() && f[i] == '.') {
+        ++i;
+        precision = number(i);
+      }
+      while (i < f.size() && (f[i] == 'h' || f[i] == 'l' || f[i] == 'L')) ++i;
+      if (i >= f.size()) throw Failure{"incomplete format"};
+      char const conv = f[i];
+      if (conv == '%') {
+        out += '%';
+        continue;
+      }
+      if (!arg) {
+        if (next >= vals.size()) throw Failure{"not enough arguments for format string"};
+        arg = &vals[next++];
+      }
+      check_size(static_cast<std::size_t>(std::max<std::int64_t>(width, 0)) + out.size());
+      std::string text;
+      bool const left = flags.find('-') != std::string::npos;
+      if (conv == 's' || conv == 'r' || conv == 'c') {
+        if (conv == 'c') {
+          if (arg->is_string() && utf8_length(arg->str()) == 1) text = arg->str();
+          else if (arg->is_integral() && arg->as_int() >= 0 && arg->as_int() <= 0x10FFFF) utf8_append(text, static_cast<char32_t>(arg->as_int()));
+          else throw Failure{"%c requires an int or a unicode character, not " + type_name(*arg)};
+        } else if (conv == 's') {
+          text = str_of(*arg);
+        } else {
+          Printer(text, lim_.max_output).repr(*arg);
+        }
+        if (format.markup() && !arg->markup()) text = html_escape(text);
+        CodePoints const cp(text);
+        if (precision >= 0 && precision < cp.size()) text = std::string(cp.range(0, precision));
+        auto const pad = std::max<std::int64_t>(0, width - utf8_length(text));
+        text = left ? text + std::string(static_cast<std::size_t>(pad), ' ')
+                    : std::string(static_cast<std::size_t>(pad), ' ') + text;
+      } else if (std::string_view("diufFeEgGxXo").find(conv) != std::string_view::npos) {
+        bool const integral = std::string_view("diuxXo").find(conv) != std::string_view::npos;
+        if (!arg->is_number())
+          throw Failure{std::string("%") + conv + " format: " +
+                        (integral && conv != 'd' && conv != 'i' && conv != 'u' ? "an integer" : "a real number") +
+                        " is required, not " + type_name(*arg)};
+        if ((conv == 'x' || conv == 'X' || conv == 'o') && arg->is_float())
+          throw Failure{std::string("%") + conv + " format: an integer is required, not float"};
+        std::string spec = "%" + flags;
+        if (width > 0) spec += std::to_string(std::min<std::int64_t>(width, 100000));
+        if (precision >= 0) spec += "." + std::to_string(std::min<std::int64_t>(precision, 1000));
+        char buf[512];
+        std::vector<char> big;
+        auto const print = [&](auto value, char const* length) {
+          std::string const c = spec + length + (conv == 'u' || conv == 'i' ? std::string("d") : std::string(1, conv));
+          int const n = std::snprintf(buf, sizeof buf, c.c_str(), value);
+          if (n >= static_cast<int>(sizeof buf)) {
+            big.resize(static_cast<std::size_t>(n) + 1);
+            std::snprintf(big.data(), big.size(), c.c_str(), value);
+            return std::string(big.data(), static_cast<std::size_t>(n));
+          }
+          return std::string(buf, static_cast<std::size_t>(std::max(n, 0)));
+        };
+        if (integral) {
+          double const x = arg->as_float();
+          if (arg->is_float() && !(x > -9.2e18 && x < 9.2e18)) fail_overflow();
+          std::int64_t const v = arg->is_float() ? static_cast<std::int64_t>(x) : arg->as_int();
+          if ((conv == 'x' || conv == 'X' || conv == 'o') && v < 0) {  // Python: a sign, not two's complement
+            spec = "%";
+            text = "-" + print(0ULL - static_cast<unsigned long long>(v), "ll");
+            auto const pad = std::max<std::int64_t>(0, width - static_cast<std::int64_t>(text.size()));
+            text = left ? text + std::string(static_cast<std::size_t>(pad), ' ')
+                        : std::string(static_cast<std::size_t>(pad), ' ') + text;
+          } else if (conv == 'o' && flags.find('#') != std::string::npos) {  // Python writes 0o17
+            spec = "%";
+            text = "0o" + print(static_cast<unsigned long long>(v), "ll");
+            auto const pad = std::max<std::int64_t>(0, width - static_cast<std::int64_t>(text.size()));
+            text = left ? text + std::string(static_cast<std::size_t>(pad), ' ')
+                        : std::string(static_cast<std::size_t>(pad), ' ') + text;
+          } else if (conv == 'x' || conv == 'X' || conv == 'o') {
+            text = print(static_cast<unsigned long long>(v), "ll");
+          } else {
+            text = print(static_cast<long long>(v), "ll");
+          }
+        } else {
+          text = print(arg->as_float(), "");
+        }
+      } else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "%x", static_cast<unsigned>(static_cast<unsigned char>(conv)));
+        throw Failure{std::string("unsupported format character '") + conv + "' (0x" + hex + ") at index " +
+                      std::to_string(i)};
+      }
+      out += text;
+      check_size(out.size());
+    }
+    if (!mapping && next < vals.size()) throw Failure{"not all arguments converted during string formatting"};
+    return make_str(std::move(out), format.markup());
   }
 
   // --- calls ---
@@ -1520,6 +1661,7 @@ class Renderer {
 
   DictData dict_from(Value const& v, std::string const& what) {
     if (v.is_dict()) return v.dict();
+    if (v.is_undefined()) fail_undefined(v);  // dict() asks it for keys()
     DictData d;
     Value const seq = iterable(v);
     for (auto const& item : seq.list().items) {
@@ -1903,16 +2045,20 @@ class Renderer {
     items = std::move(sorted);
   }
 
-  Value filter_by_name(std::string const& name, Value const& v, Args const& a) {
-    Filter const* f = find_filter(name);
-    if (!f) throw Failure{"No filter named '" + name + "'."};
-    return filter(*f, name, v, a);
+  Value filter_by_name(Value const& name, Value const& v, Args const& a) {
+    Filter const* f = name.is_string() ? find_filter(name.str()) : nullptr;
+    if (!f) throw Failure{"No filter named " + repr_excerpt(name) + "."};
+    return filter(*f, name.str(), v, a);
   }
-  bool test_by_name(std::string const& name, Value const& v, Args const& a) {
-    Test const* t = find_test(name);
-    if (!t) throw Failure{"No test named '" + name + "'."};
+  bool test_by_name(Value const& name, Value const& v, Args const& a) {
+    Test const* t = name.is_string() ? find_test(name.str()) : nullptr;
+    if (!t) throw Failure{"No test named " + repr_excerpt(name) + "."};
     return test(*t, v, a);
   }
+
+  /// The filters jinja2 writes as generators: their body runs only when read, so an error in
+  /// it is raised by whatever reads past the items made before it, not by the filter.
+  Value generator(Filter f, std::string const& what, Value const& v, Args const& a);
 
   /// jinja2's make_attrgetter: `attribute` is a dotted path ("a.b", "0.c") looked up with
   /// getitem; `fallback` replaces an undefined result.
@@ -1990,13 +2136,26 @@ inline std::optional<double> parse_float(std::string_view s) {
   return negative ? -v : v;
 }
 
-/// Python's int(str, base) for bases 2 to 36: whitespace, a sign, underscores between digits.
+/// Python's int(str, base) for base 0 (the literal's own prefix) and 2 to 36: whitespace, a
+/// sign, a 0x/0o/0b prefix matching the base, underscores between digits.
 inline std::optional<std::int64_t> parse_int(std::string_view s, std::int64_t base) {
   s = py_strip(s, nullptr, true, true);
   bool negative = false;
   if (!s.empty() && (s[0] == '-' || s[0] == '+')) {
     negative = s[0] == '-';
     s.remove_prefix(1);
+  }
+  if (s.size() > 2 && s[0] == '0') {
+    char const p = ascii_lower(s[1]);
+    std::int64_t const prefixed = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+    if (prefixed != 0 && (base == 0 || base == prefixed)) {
+      base = prefixed;
+      s.remove_prefix(s[2] == '_' ? 3 : 2);
+    }
+  }
+  if (base == 0) {  // decimal, where a leading 0 allows only zeros
+    base = 10;
+    if (s.size() > 1 && s[0] == '0' && s.find_first_not_of("0_") != std::string_view::npos) return std::nullopt;
   }
   if (s.empty() || s.front() == '_' || s.back() == '_') return std::nullopt;
   std::int64_t v = 0;
@@ -2011,8 +2170,7 @@ inline std::optional<std::int64_t> parse_int(std::string_view s, std::int64_t ba
     int const d = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
                   : std::isalpha(static_cast<unsigned char>(c)) ? ascii_lower(c) - 'a' + 10 : 99;
     if (d >= base) return std::nullopt;
-    if (__builtin_mul_overflow(v, base, &v) || __builtin_add_overflow(v, d, &v))
-      throw Failure{"integer overflow (Python would make a big integer; this engine has 64 bits)"};
+    v = add_int(mul_int(v, base), d);
   }
   return negative ? -v : v;
 }
@@ -2035,25 +2193,14 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
       if (auto x = attribute(v, attr)) return *x;
       return no_attribute(v, attr);
     }
-    case Filter::kBatch: {
-      Bound const b(a, {"linecount", "fill_with"}, what, 1);
-      std::int64_t const n = want_int(*b[0], what);
-      std::vector<Value> out, row;
-      for (auto const& item : seq(v)) {
-        step();
-        if (static_cast<std::int64_t>(row.size()) == n) {
-          out.push_back(Value::list(std::move(row)));
-          row.clear();
-        }
-        row.push_back(item);
-      }
-      if (!row.empty()) {
-        if (b[1] && !b[1]->is_none())
-          while (static_cast<std::int64_t>(row.size()) < n) row.push_back(*b[1]);
-        out.push_back(Value::list(std::move(row)));
-      }
-      return Value::list(std::move(out), SeqKind::kIterator);
-    }
+    case Filter::kBatch:
+    case Filter::kItems:
+    case Filter::kMap:
+    case Filter::kReject:
+    case Filter::kRejectattr:
+    case Filter::kSelect:
+    case Filter::kSelectattr:
+    case Filter::kUnique: return generator(f, what, v, a);
     case Filter::kCapitalize: {
       Bound const b(a, {}, what);
       Value const s = soft_str(v);
@@ -2088,7 +2235,7 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
       }
       std::vector<Value> items;
       for (auto const& [k, x] : v.dict().items) items.push_back(Value::list({k, x}, SeqKind::kTuple));
-      sort_values(items, b[2] && truthy(*b[2]), [&](Value const& item) {
+      sort_values(items, b[2] && want_int(*b[2], what) != 0, [&](Value const& item) {
         Value const& key = item.list().items[pos];
         return case_sensitive ? key : ignore_case(key);
       });
@@ -2100,6 +2247,7 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
     }
     case Filter::kFirst: {
       Bound const b(a, {}, what);
+      if (v.is_list() && v.list().failure && !v.list().items.empty()) return v.list().items.front();
       auto const& items = seq(v);
       return items.empty() ? Value::undefined("No first item, sequence was empty.") : items.front();
     }
@@ -2152,20 +2300,11 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
       };
       if (v.is_float()) return from_float(v.as_float());
       if (v.is_string()) {
-        if (base < 2 || base > 36) throw Failure{"int() base must be >= 2 and <= 36, or 0"};
-        if (auto x = parse_int(v.str(), base)) return Value::integer(*x);
+        if (base == 0 || (base >= 2 && base <= 36))  // another base is a ValueError there, and caught
+          if (auto x = parse_int(v.str(), base)) return Value::integer(*x);
         if (auto x = parse_float(v.str())) return from_float(*x);
       }
       return fallback;
-    }
-    case Filter::kItems: {
-      Bound const b(a, {}, what);
-      if (v.is_undefined()) return Value::list({}, SeqKind::kIterator);
-      if (!v.is_dict()) throw Failure{"Can only get item pairs from a mapping."};
-      std::vector<Value> items;
-      for (auto const& [k, x] : v.dict().items) items.push_back(Value::list({k, x}, SeqKind::kTuple));
-      step(items.size());
-      return Value::list(std::move(items), SeqKind::kIterator);
     }
     case Filter::kJoin: {
       Bound const b(a, {"d", "attribute"}, what);
@@ -2197,32 +2336,6 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
       Value const s = soft_str(v);
       return make_str(f == Filter::kLower ? to_lower(s.str()) : to_upper(s.str()), s.markup());
     }
-    case Filter::kMap: {
-      std::vector<Value> out;
-      if (!truthy(v)) return Value::list({}, SeqKind::kIterator);
-      if (a.pos.empty()) {
-        Value const* attribute = nullptr;
-        Value const* fallback = nullptr;
-        for (auto const& [k, x] : a.kw) {
-          if (k == "attribute") attribute = &x;
-          else if (k == "default") fallback = &x;
-          else throw Failure{"Unexpected keyword argument '" + k + "'"};
-        }
-        if (!attribute) throw Failure{"map requires a filter argument"};
-        for (auto const& item : seq(v)) {
-          step();
-          out.push_back(attr_path(item, *attribute, fallback && !fallback->is_none() ? fallback : nullptr));
-        }
-      } else {
-        std::string const& filter_name = want_str(a.pos[0], what + " argument");
-        Args const rest{std::vector<Value>(a.pos.begin() + 1, a.pos.end()), a.kw};
-        for (auto const& item : seq(v)) {
-          step();
-          out.push_back(filter_by_name(filter_name, item, rest));
-        }
-      }
-      return Value::list(std::move(out), SeqKind::kIterator);
-    }
     case Filter::kMax:
     case Filter::kMin: {
       Bound const b(a, {"case_sensitive", "attribute"}, what);
@@ -2247,27 +2360,6 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
       }
       return items[best];
     }
-    case Filter::kReject:
-    case Filter::kSelect:
-    case Filter::kRejectattr:
-    case Filter::kSelectattr: {
-      bool const by_attr = f == Filter::kRejectattr || f == Filter::kSelectattr;
-      bool const keep_if = f == Filter::kSelect || f == Filter::kSelectattr;
-      if (!truthy(v)) return Value::list({}, SeqKind::kIterator);
-      std::size_t off = 0;
-      if (by_attr && a.pos.empty()) throw Failure{"Missing parameter for attribute name"};
-      if (by_attr) off = 1;
-      std::string const* test_name = a.pos.size() > off ? &want_str(a.pos[off], what + " test name") : nullptr;
-      Args const rest{std::vector<Value>(a.pos.begin() + static_cast<std::ptrdiff_t>(std::min(a.pos.size(), off + 1)), a.pos.end()), a.kw};
-      std::vector<Value> out;
-      for (auto const& item : seq(v)) {
-        step();
-        Value const x = by_attr ? attr_path(item, a.pos[0], nullptr) : item;
-        bool const pass = test_name ? test_by_name(*test_name, x, rest) : truthy(x);
-        if (pass == keep_if) out.push_back(item);
-      }
-      return Value::list(std::move(out), SeqKind::kIterator);
-    }
     case Filter::kReplace: {
       Bound const b(a, {"old", "new", "count"}, what, 2);
       std::int64_t const count = b[2] && !b[2]->is_none() ? want_int(*b[2], what) : -1;
@@ -2287,11 +2379,9 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
         for (std::int64_t i = cp.size() - 1; i >= 0; --i) out += cp.at(i);
         return make_str(std::move(out), v.markup());
       }
-      if (v.is_list() && v.list().kind == SeqKind::kIterator) {
-        std::vector<Value> items(v.list().items.rbegin(), v.list().items.rend());
-        return Value::list(std::move(items));
-      }
       auto const& items = seq(v);
+      if (v.is_list() && v.list().kind == SeqKind::kIterator)  // not reversible: made a list
+        return Value::list(std::vector<Value>(items.rbegin(), items.rend()));
       step(items.size());
       return Value::list(std::vector<Value>(items.rbegin(), items.rend()), SeqKind::kIterator);
     }
@@ -2324,8 +2414,9 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
       } else if (b[2] && !b[2]->is_none()) {
         attrs.push_back(*b[2]);
       }
+      bool const reverse = b[0] && want_int(*b[0], what) != 0;  // sorted() wants an int
       std::vector<Value> items = seq(v);
-      sort_values(items, b[0] && truthy(*b[0]), [&](Value const& item) {
+      sort_values(items, reverse, [&](Value const& item) {
         if (attrs.empty()) return case_sensitive ? item : ignore_case(item);
         std::vector<Value> keys;
         for (auto const& attr : attrs) {
@@ -2393,25 +2484,111 @@ inline Value Renderer::filter(Filter f, std::string_view name, Value const& v, A
       if (b[0] && !b[0]->is_none()) want_str(*b[0], what);
       return make_str(std::string(py_strip(s.str(), b[0], true, true)), s.markup());
     }
-    case Filter::kUnique: {
-      Bound const b(a, {"case_sensitive", "attribute"}, what);
-      bool const case_sensitive = b[0] && truthy(*b[0]);
-      Value const attribute = b.get(1, Value::none());
-      std::vector<Value> seen, out;
-      for (auto const& item : seq(v)) {
-        Value key = attr_path(item, attribute, nullptr);
-        if (!case_sensitive) key = ignore_case(key);
-        if (!hashable(key)) throw Failure{"unhashable type: '" + type_name(key) + "'"};
-        step(seen.size() + 1);
-        if (std::none_of(seen.begin(), seen.end(), [&](Value const& s) { return py_eq(s, key); })) {
-          seen.push_back(std::move(key));
-          out.push_back(item);
-        }
-      }
-      return Value::list(std::move(out), SeqKind::kIterator);
-    }
   }
   return Value();
+}
+
+inline Value Renderer::generator(Filter f, std::string const& what, Value const& v, Args const& a) {
+  // Arguments are bound when the filter is called; the body runs as the generator is read.
+  std::optional<Bound> b;
+  if (f == Filter::kBatch) b.emplace(a, std::initializer_list<std::string_view>{"linecount", "fill_with"}, what, 1);
+  if (f == Filter::kItems) b.emplace(a, std::initializer_list<std::string_view>{}, what);
+  if (f == Filter::kUnique) b.emplace(a, std::initializer_list<std::string_view>{"case_sensitive", "attribute"}, what);
+  std::vector<Value> out;
+  Value keep;
+  try {
+    switch (f) {
+      case Filter::kBatch: {
+        std::int64_t const n = want_int(*(*b)[0], what);
+        std::vector<Value> row;
+        for (auto const& item : items_of(v, keep)) {
+          step();
+          if (static_cast<std::int64_t>(row.size()) == n) {
+            out.push_back(Value::list(std::move(row)));
+            row.clear();
+          }
+          row.push_back(item);
+        }
+        if (!row.empty()) {
+          if ((*b)[1] && !(*b)[1]->is_none())
+            while (static_cast<std::int64_t>(row.size()) < n) row.push_back(*(*b)[1]);
+          out.push_back(Value::list(std::move(row)));
+        }
+        break;
+      }
+      case Filter::kItems:
+        if (v.is_undefined()) break;
+        if (!v.is_dict()) throw Failure{"Can only get item pairs from a mapping."};
+        for (auto const& [k, x] : v.dict().items) out.push_back(Value::list({k, x}, SeqKind::kTuple));
+        step(out.size());
+        break;
+      case Filter::kMap: {
+        if (!truthy(v)) break;
+        if (a.pos.empty()) {
+          Value const* attribute = nullptr;
+          Value const* fallback = nullptr;
+          for (auto const& [k, x] : a.kw) {
+            if (k == "attribute") attribute = &x;
+            else if (k == "default") fallback = &x;
+            else throw Failure{"Unexpected keyword argument '" + k + "'"};
+          }
+          if (!attribute) throw Failure{"map requires a filter argument"};
+          for (auto const& item : items_of(v, keep)) {
+            step();
+            out.push_back(attr_path(item, *attribute, fallback && !fallback->is_none() ? fallback : nullptr));
+          }
+        } else {
+          Args const rest{std::vector<Value>(a.pos.begin() + 1, a.pos.end()), a.kw};
+          for (auto const& item : items_of(v, keep)) {
+            step();
+            out.push_back(filter_by_name(a.pos[0], item, rest));
+          }
+        }
+        break;
+      }
+      case Filter::kReject:
+      case Filter::kSelect:
+      case Filter::kRejectattr:
+      case Filter::kSelectattr: {
+        if (!truthy(v)) break;
+        bool const by_attr = f == Filter::kRejectattr || f == Filter::kSelectattr;
+        bool const keep_if = f == Filter::kSelect || f == Filter::kSelectattr;
+        if (by_attr && a.pos.empty()) throw Failure{"Missing parameter for attribute name"};
+        std::size_t const off = by_attr ? 1 : 0;
+        Value const* test_name = a.pos.size() > off ? &a.pos[off] : nullptr;
+        Args const rest{std::vector<Value>(a.pos.begin() + static_cast<std::ptrdiff_t>(std::min(a.pos.size(), off + 1)),
+                                           a.pos.end()),
+                        a.kw};
+        for (auto const& item : items_of(v, keep)) {
+          step();
+          Value const x = by_attr ? attr_path(item, a.pos[0], nullptr) : item;
+          bool const pass = test_name ? test_by_name(*test_name, x, rest) : truthy(x);
+          if (pass == keep_if) out.push_back(item);
+        }
+        break;
+      }
+      case Filter::kUnique: {
+        bool const case_sensitive = (*b)[0] && truthy(*(*b)[0]);
+        Value const attribute = b->get(1, Value::none());
+        std::vector<Value> seen;
+        for (auto const& item : items_of(v, keep)) {
+          Value key = attr_path(item, attribute, nullptr);
+          if (!case_sensitive) key = ignore_case(key);
+          if (!hashable(key)) throw Failure{"unhashable type: '" + type_name(key) + "'"};
+          step(seen.size() + 1);
+          if (std::none_of(seen.begin(), seen.end(), [&](Value const& x) { return py_eq(x, key); })) {
+            seen.push_back(std::move(key));
+            out.push_back(item);
+          }
+        }
+        break;
+      }
+      default: break;
+    }
+  } catch (Failure const& e) {
+    return Value::failed_iterator(std::move(out), e.message);
+  }
+  return Value::list(std::move(out), SeqKind::kIterator);
 }
 
 /// Python's round(x, n): correctly rounded, ties to even; an int stays an int.

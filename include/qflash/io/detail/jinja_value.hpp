@@ -174,6 +174,9 @@ class Value {
     return from_alt(StringRef{std::make_shared<std::string const>(std::move(s)), markup});
   }
   static Value list(std::vector<Value> items, SeqKind kind = SeqKind::kList);
+  /// A generator that yielded `items`, then raised `failure` (Python's filters are lazy: the
+  /// error surfaces only if the template reads past those items).
+  static Value failed_iterator(std::vector<Value> items, std::string failure);
   static Value dict(DictData d);
   static Value from(std::shared_ptr<NamespaceData> ns) { return from_alt(std::move(ns)); }
   static Value from(std::shared_ptr<CallableData const> c) { return from_alt(std::move(c)); }
@@ -235,7 +238,8 @@ inline constexpr int kMaxValueDepth = 256;
 struct ListData {
   std::vector<Value> items;
   SeqKind kind = SeqKind::kList;
-  int depth = 1;  // 1 + the deepest element
+  int depth = 1;                                // 1 + the deepest element
+  std::shared_ptr<std::string const> failure;   // kIterator: raised after `items`
 };
 
 /// Hashes std::string and std::string_view alike, for lookups without a copy.
@@ -285,7 +289,14 @@ inline Value Value::list(std::vector<Value> items, SeqKind kind) {
   for (auto const& v : items) depth = std::max(depth, 1 + detail::depth_of(v));
   detail::check_depth(depth);
   return from_alt(std::shared_ptr<ListData const>(
-      std::make_shared<ListData>(ListData{std::move(items), kind, depth})));
+      std::make_shared<ListData>(ListData{std::move(items), kind, depth, nullptr})));
+}
+
+inline Value Value::failed_iterator(std::vector<Value> items, std::string failure) {
+  Value v = list(std::move(items), SeqKind::kIterator);
+  auto data = std::make_shared<ListData>(v.list());
+  data->failure = std::make_shared<std::string const>(std::move(failure));
+  return from_alt(std::shared_ptr<ListData const>(std::move(data)));
 }
 
 inline Value Value::dict(DictData d) {
@@ -407,7 +418,7 @@ inline bool hashable(Value const& v) {
       if (!hashable(e)) return false;
     return true;
   }
-  return !v.is_dict() && !v.is_undefined();
+  return !v.is_dict();  // jinja2's Undefined hashes too
 }
 
 }  // namespace detail

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -35,9 +36,12 @@ namespace qflash::kernels::cpu {
 enum class Simd { kAvx2, kAvx512 };
 
 /// Micro-tile of the float formats: rows x tokens sharing each load (AVX2: 12 of 16 ymm
-/// registers accumulate; AVX-512: 16 of 32 zmm).
+/// registers accumulate; AVX-512: 16 of 32 zmm); one token goes through kOneTokenRows rows at
+/// once. Rows are handed to the tiles kGroupRows at a time.
 inline constexpr int kTileRows = 4;
 inline constexpr int kTileTokens = 3;
+inline constexpr int kOneTokenRows = 8;
+inline constexpr int kGroupRows = 8;
 template <Simd V>
 inline constexpr int kFloatTileTokens = V == Simd::kAvx512 ? 4 : kTileTokens;
 /// Activations of one token block are kept within this many bytes (an L2's share).
@@ -106,7 +110,10 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(Fp16 const* p) {
 
 /// y[t0 + t, o + r] for r < R, t < NT, with weight row o + r at w + r * cols: one pass over
 /// the columns, each weight vector multiplied into NT tokens and each activation vector into
-/// R rows.
+/// R rows. Every (row, token) sum is one FMA chain over the columns in order, whatever R and
+/// NT (the column tail too: std::fma, not left to the compiler's contraction, which differs
+/// between instantiations), so a token's result does not depend on the tokens beside it. One token goes through
+/// kOneTokenRows rows per pass (that many chains in flight), with the next rows prefetched.
 template <class W, int R, int NT>
 QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0) {
   std::int64_t const n = p.w.cols;
@@ -114,34 +121,19 @@ QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::in
   float const* x[NT];
   for (int t = 0; t < NT; ++t) x[t] = p.x_row(t0 + t);
   __m256 acc[R][NT];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
-  std::int64_t i = 0;
-  if constexpr (NT == 1) {
-    // One token: R accumulators alone are R dependent FMA chains; a second set per row keeps
-    // 2R in flight (rows that live in cache are latency bound, not bandwidth bound).
-    __m256 acc2[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc2[r] = _mm256_setzero_ps();
-    for (; i + 16 <= n8; i += 16) {
-      __m256 const x0 = _mm256_loadu_ps(x[0] + i), x1 = _mm256_loadu_ps(x[0] + i + 8);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        acc[r][0] = _mm256_fmadd_ps(avx2_load_weights(w + r * n + i), x0, acc[r][0]);
-        acc2[r] = _mm256_fmadd_ps(avx2_load_weights(w + r * n + i + 8), x1, acc2[r]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r][0] = _mm256_add_ps(acc[r][0], acc2[r]);
-  }
-  for (; i < n8; i += 8) {
+  for (std::int64_t i = 0; i < n8; i += 8) {
     __m256 xv[NT];
 #pragma GCC unroll 3
     for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x[t] + i);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
+      if constexpr (NT == 1)
+        if (((i * static_cast<std::int64_t>(sizeof(W))) & 63) == 0)
+          _mm_prefetch(reinterpret_cast<char const*>(w + (R + r) * n + i), _MM_HINT_T0);
       __m256 const wv = avx2_load_weights(w + r * n + i);
 #pragma GCC unroll 3
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
@@ -150,7 +142,7 @@ QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::in
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) {
       float s = simd::avx2_reduce_add(acc[r][t]);
-      for (std::int64_t i = n8; i < n; ++i) s += x[t][i] * widen(w[r * n + i]);
+      for (std::int64_t i = n8; i < n; ++i) s = std::fma(x[t][i], widen(w[r * n + i]), s);
       store_dot(p, t0 + t, o + r, s);
     }
 }
@@ -168,13 +160,22 @@ QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::in
 template <class W>
 QFLASH_TARGET_AVX2 void float_group_avx2(LinearRows const& p, W const* w, std::int64_t o, int nr, std::int64_t b0,
                                          std::int64_t b1) {
+  std::int64_t const n = p.w.cols;
+  if (b1 - b0 == 1) {
+    int r = 0;
+    for (; r + kOneTokenRows <= nr; r += kOneTokenRows) float_tile_avx2<W, kOneTokenRows, 1>(p, w + r * n, o + r, b0);
+    for (; r < nr; ++r) float_tile_avx2<W, 1, 1>(p, w + r * n, o + r, b0);
+    return;
+  }
   for (std::int64_t t = b0; t < b1; t += kTileTokens) {
     int const nt = static_cast<int>(std::min<std::int64_t>(kTileTokens, b1 - t));
-    switch (nr) {
-      case 1: float_tile_avx2<W, 1>(p, w, o, t, nt); break;
-      case 2: float_tile_avx2<W, 2>(p, w, o, t, nt); break;
-      case 3: float_tile_avx2<W, 3>(p, w, o, t, nt); break;
-      default: float_tile_avx2<W, kTileRows>(p, w, o, t, nt); break;
+    for (int r = 0; r < nr; r += kTileRows) {
+      switch (std::min(kTileRows, nr - r)) {
+        case 1: float_tile_avx2<W, 1>(p, w + r * n, o + r, t, nt); break;
+        case 2: float_tile_avx2<W, 2>(p, w + r * n, o + r, t, nt); break;
+        case 3: float_tile_avx2<W, 3>(p, w + r * n, o + r, t, nt); break;
+        default: float_tile_avx2<W, kTileRows>(p, w + r * n, o + r, t, nt); break;
+      }
     }
   }
 }
@@ -195,75 +196,36 @@ QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_load_weights(Fp16 const* p
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<__m256i const*>(p)));
 }
 
-/// float_tile_avx2 with 16 lanes. One bf16 token takes 32 columns per step: a weight register
-/// widens to its even and odd columns with one shift and one mask, the activations are split
-/// to match (once for the tile's R rows).
+/// float_tile_avx2 with 16 lanes.
 template <class W, int R, int NT>
 QFLASH_TARGET_AVX512 void float_tile_avx512(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0) {
   std::int64_t const n = p.w.cols;
+  std::int64_t const n16 = n / 16 * 16;
   float const* x[NT];
   for (int t = 0; t < NT; ++t) x[t] = p.x_row(t0 + t);
-  float sums[R][NT];
-  std::int64_t done = 0;  // columns the vector loops covered
-  if constexpr (NT == 1 && std::is_same_v<W, bf16_bits>) {
-    __m512 even[R], odd[R];
+  __m512 acc[R][NT];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
-    for (; done + 32 <= n; done += 32) {
-      simd::Avx512Pair const xp = simd::avx512_load_pair(x[0] + done);
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < n16; i += 16) {
+    __m512 xv[NT];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        // The next tile's rows (the next pages: a row may be one page, too short for the
-        // hardware prefetcher to learn before it ends).
-        _mm_prefetch(reinterpret_cast<char const*>(w + (R + r) * n + done), _MM_HINT_T0);
-        simd::Avx512Pair const wp = simd::avx512_load_pair(w + r * n + done);
-        even[r] = _mm512_fmadd_ps(wp.even, xp.even, even[r]);
-        odd[r] = _mm512_fmadd_ps(wp.odd, xp.odd, odd[r]);
-      }
+    for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if constexpr (NT == 1)
+        if (((i * static_cast<std::int64_t>(sizeof(W))) & 63) == 0)
+          _mm_prefetch(reinterpret_cast<char const*>(w + (R + r) * n + i), _MM_HINT_T0);
+      __m512 const wv = avx512_load_weights(w + r * n + i);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
     }
-    for (int r = 0; r < R; ++r) sums[r][0] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r]));
-  } else {
-    __m512 acc[R][NT];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-    if constexpr (NT == 1) {
-      // As in float_tile_avx2: a second accumulator per row keeps 2R FMA chains in flight.
-      __m512 acc2[R];
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc2[r] = _mm512_setzero_ps();
-      for (; done + 32 <= n; done += 32) {
-        __m512 const x0 = _mm512_loadu_ps(x[0] + done), x1 = _mm512_loadu_ps(x[0] + done + 16);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          for (std::size_t b = 0; b < 32 * sizeof(W); b += 64)
-            _mm_prefetch(reinterpret_cast<char const*>(w + (R + r) * n + done) + b, _MM_HINT_T0);
-          acc[r][0] = _mm512_fmadd_ps(avx512_load_weights(w + r * n + done), x0, acc[r][0]);
-          acc2[r] = _mm512_fmadd_ps(avx512_load_weights(w + r * n + done + 16), x1, acc2[r]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][0] = _mm512_add_ps(acc[r][0], acc2[r]);
-    }
-    for (; done + 16 <= n; done += 16) {
-      __m512 xv[NT];
-#pragma GCC unroll 4
-      for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x[t] + done);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        __m512 const wv = avx512_load_weights(w + r * n + done);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < NT; ++t) sums[r][t] = _mm512_reduce_add_ps(acc[r][t]);
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) {
-      float s = sums[r][t];
-      for (std::int64_t i = done; i < n; ++i) s += x[t][i] * widen(w[r * n + i]);
+      float s = _mm512_reduce_add_ps(acc[r][t]);
+      for (std::int64_t i = n16; i < n; ++i) s = std::fma(x[t][i], widen(w[r * n + i]), s);
       store_dot(p, t0 + t, o + r, s);
     }
 }
@@ -278,39 +240,27 @@ QFLASH_TARGET_AVX512 void float_tile_avx512(LinearRows const& p, W const* w, std
   }
 }
 
-/// One token through rows [o, o + nr), one row after another with 4 accumulators: the rows
-/// lie back to back, so the weights stream from memory as one sequence.
-template <class W>
-QFLASH_TARGET_AVX512 void float_rows_one_token_avx512(LinearRows const& p, W const* w, std::int64_t o, int nr,
-                                                      std::int64_t t) {
-  std::int64_t const n = p.w.cols;
-  float const* x = p.x_row(t);
-  for (int r = 0; r < nr; ++r, w += n) {
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    std::int64_t i = 0;
-    for (; i + 64 <= n; i += 64)
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k)
-        acc[k] = _mm512_fmadd_ps(avx512_load_weights(w + i + 16 * k), _mm512_loadu_ps(x + i + 16 * k), acc[k]);
-    for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(avx512_load_weights(w + i), _mm512_loadu_ps(x + i), acc[0]);
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-    for (; i < n; ++i) s += x[i] * widen(w[i]);
-    store_dot(p, t, o + r, s);
-  }
-}
-
 template <class W>
 QFLASH_TARGET_AVX512 void float_group_avx512(LinearRows const& p, W const* w, std::int64_t o, int nr, std::int64_t b0,
                                              std::int64_t b1) {
-  if (b1 - b0 == 1) return float_rows_one_token_avx512(p, w, o, nr, b0);
+  std::int64_t const n = p.w.cols;
+  if (b1 - b0 == 1) {
+    int r = 0;
+    for (; r + kOneTokenRows <= nr; r += kOneTokenRows)
+      float_tile_avx512<W, kOneTokenRows, 1>(p, w + r * n, o + r, b0);
+    for (; r < nr; ++r) float_tile_avx512<W, 1, 1>(p, w + r * n, o + r, b0);
+    return;
+  }
   constexpr int kTokens = kFloatTileTokens<Simd::kAvx512>;
   for (std::int64_t t = b0; t < b1; t += kTokens) {
     int const nt = static_cast<int>(std::min<std::int64_t>(kTokens, b1 - t));
-    switch (nr) {
-      case 1: float_tile_avx512<W, 1>(p, w, o, t, nt); break;
-      case 2: float_tile_avx512<W, 2>(p, w, o, t, nt); break;
-      case 3: float_tile_avx512<W, 3>(p, w, o, t, nt); break;
-      default: float_tile_avx512<W, kTileRows>(p, w, o, t, nt); break;
+    for (int r = 0; r < nr; r += kTileRows) {
+      switch (std::min(kTileRows, nr - r)) {
+        case 1: float_tile_avx512<W, 1>(p, w + r * n, o + r, t, nt); break;
+        case 2: float_tile_avx512<W, 2>(p, w + r * n, o + r, t, nt); break;
+        case 3: float_tile_avx512<W, 3>(p, w + r * n, o + r, t, nt); break;
+        default: float_tile_avx512<W, kTileRows>(p, w + r * n, o + r, t, nt); break;
+      }
     }
   }
 }
@@ -383,11 +333,11 @@ void float_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   std::int64_t const n = p.w.cols;
   std::int64_t const tb = token_block(n * 4, p.n_tokens, kTokens);
   bool const widen_rows = !std::is_same_v<W, float> && p.n_tokens > kTokens;
-  float* const widened = widen_rows ? p.scratch->get(static_cast<std::size_t>(kTileRows * n)) : nullptr;
+  float* const widened = widen_rows ? p.scratch->get(static_cast<std::size_t>(kGroupRows * n)) : nullptr;
   for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
     std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
-    for (std::int64_t o = o0; o < o1; o += kTileRows) {
-      int const nr = static_cast<int>(std::min<std::int64_t>(kTileRows, o1 - o));
+    for (std::int64_t o = o0; o < o1; o += kGroupRows) {
+      int const nr = static_cast<int>(std::min<std::int64_t>(kGroupRows, o1 - o));
       W const* w = static_cast<W const*>(p.w.data) + o * n;
       if (!widen_rows) {
         float_group<V, W>(p, w, o, nr, b0, b1);
@@ -404,18 +354,18 @@ void float_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
 #endif  // QFLASH_HAS_X86_SIMD
 
 /// Rows [o0, o1) of a projection whose rows are decoded to fp32 first (fp8_e4m3, and any
-/// format an instance does not compile a path for): groups of kTileRows rows decoded once,
+/// format an instance does not compile a path for): groups of kGroupRows rows decoded once,
 /// then every token.
 inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   std::int64_t const n = p.w.cols;
 #if QFLASH_HAS_X86_SIMD
   if (isa >= arch::CpuIsa::kAvx2) {
     bool const avx512 = isa >= arch::CpuIsa::kAvx512;
-    float* const decoded = p.scratch->get(static_cast<std::size_t>(kTileRows * n));
+    float* const decoded = p.scratch->get(static_cast<std::size_t>(kGroupRows * n));
     std::int64_t const tb = token_block(n * 4, p.n_tokens, avx512 ? kFloatTileTokens<Simd::kAvx512> : kTileTokens);
-    std::int64_t const ahead = kTileRows * p.w.row_bytes();
-    for (std::int64_t o = o0; o < o1; o += kTileRows) {
-      int const nr = static_cast<int>(std::min<std::int64_t>(kTileRows, o1 - o));
+    std::int64_t const ahead = kGroupRows * p.w.row_bytes();
+    for (std::int64_t o = o0; o < o1; o += kGroupRows) {
+      int const nr = static_cast<int>(std::min<std::int64_t>(kGroupRows, o1 - o));
       for (int r = 0; r < nr; ++r) {
         if (avx512)
           decode_row_avx512(p.w, o + r, decoded + r * n, ahead);

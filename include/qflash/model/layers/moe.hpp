@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "qflash/kernels/expert_ffn/op.hpp"
@@ -16,10 +17,26 @@
 
 namespace qflash::model {
 
+/// What the router chose for a batch's tokens in one MoE layer, for statistics and logs.
+struct RouteRecord {
+  std::size_t layer = 0;
+  std::int64_t n_tokens = 0;
+  int n_expert = 0;
+  int n_expert_used = 0;
+  float const* logits = nullptr;         // [n_tokens, logits_stride]; the first n_expert are the experts'
+  std::int64_t logits_stride = 0;
+  std::int32_t const* experts = nullptr;  // [n_tokens, n_expert_used]
+  float const* weights = nullptr;         // [n_tokens, n_expert_used]
+};
+/// Called by each MoE layer after routing; the pointers are the kernels' buffers, so a model
+/// whose Arch keeps them on a device passes it device memory.
+using RouteObserver = std::function<void(RouteRecord const&)>;
+
 template <MoeSpec S, class Arch>
 class MoeBlock {
  public:
-  MoeBlock(ModelConfig const& cfg, MoeWeights const& w) : cfg_(cfg), w_(w) {}
+  MoeBlock(ModelConfig const& cfg, MoeWeights const& w, std::size_t layer, RouteObserver const* observer = nullptr)
+      : cfg_(cfg), w_(w), layer_(layer), observer_(observer) {}
 
   /// out = MoE(x). @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
   void forward(std::int64_t T, float const* x, float* out, Scratch& s, stream_t stream) const {
@@ -45,6 +62,8 @@ class MoeBlock {
     r.renormalize = cfg_.norm_topk_prob;
     r.shared_weights = shared ? shared_gate : nullptr;
     check_launch(kernels::launch_router_topk<S>(Arch{}, r, stream), "router_topk");
+    if (observer_ && *observer_)
+      (*observer_)(RouteRecord{layer_, T, n_expert, k, logits, w_.router.rows, s.routes.data(), weights});
 
     std::fill_n(out, T * d, 0.0f);
     kernels::ExpertFfnArgs e{};
@@ -65,6 +84,8 @@ class MoeBlock {
  private:
   ModelConfig const& cfg_;
   MoeWeights const& w_;
+  std::size_t layer_;
+  RouteObserver const* observer_;
 };
 
 }  // namespace qflash::model

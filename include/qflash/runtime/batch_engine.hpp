@@ -1,0 +1,901 @@
+/// @file
+/// The batch engine: runtime/engine.hpp's Engine over a compiled Model<S, Arch>, one thread
+/// running steps. A step
+///  1. drops cancelled requests (their blocks go back at once);
+///  2. schedules: every running sequence's next token (decode) or next prompt chunk, oldest
+///     first, then waiting sequences in priority order while max_num_seqs and the token budget
+///     allow; a sequence that needs a block when the pool has none preempts the newest running
+///     one, whose blocks are freed and whose tokens are recomputed when it is admitted again;
+///  3. runs one ragged forward over all of them;
+///  4. registers newly full blocks with the prefix cache (and, for hybrid models, snapshots the
+///     Gated DeltaNet states at chosen block boundaries), samples each sequence whose input is
+///     all computed, and streams the text.
+/// A request's n choices share the prompt: the first is prefilled, the others fork its state.
+/// Admission resumes from the longest cached prefix (for hybrid models: the deepest cached block
+/// with a state snapshot), always leaving the prompt's last token to compute.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "qflash/core/log.hpp"
+#include "qflash/io/tokenizer.hpp"
+#include "qflash/kv/block_pool.hpp"
+#include "qflash/kv/prefix_cache.hpp"
+#include "qflash/model/model.hpp"
+#include "qflash/runtime/dispatch.hpp"
+#include "qflash/runtime/engine.hpp"
+#include "qflash/runtime/generate.hpp"
+#include "qflash/runtime/load_model.hpp"
+#include "qflash/runtime/metrics.hpp"
+#include "qflash/runtime/sampler.hpp"
+
+namespace qflash::runtime {
+
+/// The sampling a request gets when it sets none: generation_config.json's, greedy when it
+/// does not ask to sample (as transformers does).
+inline SamplingParams default_sampling(model::ModelConfig const& cfg) {
+  SamplingParams p;
+  auto const& g = cfg.generation;
+  if (!g.do_sample.value_or(false)) return p;
+  p.temperature = g.temperature.value_or(1.0f);
+  p.top_k = g.top_k.value_or(0);
+  p.top_p = g.top_p.value_or(1.0f);
+  p.min_p = g.min_p.value_or(0.0f);
+  p.repetition_penalty = g.repetition_penalty.value_or(1.0f);
+  return p;
+}
+
+namespace detail {
+
+/// Mean of the last `capacity` observations.
+class WindowMean {
+ public:
+  explicit WindowMean(std::size_t capacity = 1024) : values_(capacity, 0.0) {}
+  void add(double v) {
+    sum_ += v - values_[next_];
+    values_[next_] = v;
+    next_ = (next_ + 1) % values_.size();
+    n_ = std::min(n_ + 1, values_.size());
+  }
+  [[nodiscard]] double mean() const { return n_ ? sum_ / static_cast<double>(n_) : 0.0; }
+
+ private:
+  std::vector<double> values_;
+  std::size_t next_ = 0, n_ = 0;
+  double sum_ = 0;
+};
+
+}  // namespace detail
+
+template <MoeSpec S, class Arch = arch::Cpu>
+class BatchEngine final : public Engine {
+ public:
+  /// Takes the loaded model; `info`'s spec fields are the caller's (make_engine).
+  BatchEngine(LoadedModel loaded, io::Tokenizer tokenizer, EngineOptions opts, EngineInfo info)
+      : tok_(std::move(tokenizer)), opts_(std::move(opts)), info_(std::move(info)) {
+    model::ModelOptions mo;
+    mo.on_route = [this](model::RouteRecord const& r) { observe_routes(r); };
+    model_ = make_model<S, Arch>(std::move(loaded), mo);
+    cfg_ = &model_->config();
+    check_tokenizer_fits(tok_, *cfg_);
+    QFLASH_CHECK(opts_.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", opts_.max_num_seqs);
+    QFLASH_CHECK(opts_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
+                 opts_.max_num_batched_tokens);
+    QFLASH_CHECK(opts_.max_queue >= 1, "max_queue must be >= 1, got ", opts_.max_queue);
+    QFLASH_CHECK(opts_.max_context >= 0 && opts_.max_context <= cfg_->max_position_embeddings,
+                 "max_context must be in [0, ", cfg_->max_position_embeddings, "] (0: the model's), got ",
+                 opts_.max_context);
+    max_context_ = opts_.max_context > 0 ? opts_.max_context : cfg_->max_position_embeddings;
+
+    kv::KvMap map = opts_.kv.n_layer() == 0 ? kv::KvMap::uniform(*cfg_, {}) : opts_.kv;
+    kv::KvLayout layout(*cfg_, std::move(map));
+    hybrid_ = std::any_of(cfg_->layer_types.begin(), cfg_->layer_types.end(),
+                          [](model::LayerKind k) { return k == model::LayerKind::kLinearAttention; });
+    std::int64_t const per_block = std::max<std::int64_t>(1, layout.block_bytes());
+    std::int64_t budget = opts_.kv_cache_bytes;
+    if (budget <= 0) {
+      std::int64_t const blocks_per_seq = (max_context_ + layout.block_tokens() - 1) / layout.block_tokens();
+      budget = std::min<std::int64_t>(std::int64_t{1} << 30, opts_.max_num_seqs * blocks_per_seq * per_block);
+    }
+    std::int64_t const snapshot_bytes =
+        hybrid_ && opts_.prefix.enabled ? static_cast<std::int64_t>(static_cast<double>(budget) * opts_.prefix.snapshot_share)
+                                        : 0;
+    std::int64_t const blocks = (budget - snapshot_bytes) / per_block;
+    QFLASH_CHECK(blocks >= 1, "the KV cache budget of ", budget, " bytes holds no block of ", per_block,
+                 " bytes; give it more memory");
+    pool_ = std::make_shared<kv::KvBlockPool>(std::move(layout), blocks, kv::KvBlockPool::Allocation::kOnDemand);
+    if (opts_.prefix.enabled) {
+      kv::PrefixCache::Options co;
+      co.eviction = opts_.prefix.eviction;
+      co.min_age = std::chrono::duration<double>(opts_.prefix.min_age_seconds);
+      co.snapshot_bytes = snapshot_bytes;
+      cache_ = std::make_unique<kv::PrefixCache>(*pool_, co);
+    }
+    for (std::int32_t id = 0; id < cfg_->vocab; ++id)
+      if (!tok_.has(id) && std::find(cfg_->eos_token_ids.begin(), cfg_->eos_token_ids.end(), id) ==
+                               cfg_->eos_token_ids.end())
+        untokenizable_.push_back(id);
+    entropy_.resize(cfg_->layer_types.size());
+    expert_load_.assign(static_cast<std::size_t>(cfg_->n_expert), 0);
+    if (!opts_.router_log_path.empty()) {
+      router_log_.open(opts_.router_log_path, std::ios::out | std::ios::trunc);
+      QFLASH_CHECK(router_log_.good(), opts_.router_log_path, ": cannot open the router decision log for writing");
+    }
+    info_.max_context = max_context_;
+    info_.prefix_cache = cache_ != nullptr;
+    info_.compressed_kv = pool_->layout().map().compressed();
+    info_.eos_ids.assign(cfg_->eos_token_ids.begin(), cfg_->eos_token_ids.end());
+    info_.default_sampling = default_sampling(*cfg_);
+    worker_ = std::thread([this] { loop(); });
+  }
+
+  ~BatchEngine() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+  }
+
+  std::shared_ptr<RequestStream> submit(GenerationRequest r) override {
+    validate_request(r);
+    auto req = std::make_unique<Request>();
+    req->stream = std::make_shared<RequestStream>();
+    req->timing.arrival = Clock::now();
+    req->params = std::move(r);
+    auto stream = req->stream;
+    {
+      std::lock_guard lock(mutex_);
+      if (draining_ || stop_) QFLASH_REQUEST_FAIL(RequestErrorKind::kDraining, "the server is shutting down");
+      if (static_cast<std::int64_t>(incoming_.size()) + waiting_requests_ >= opts_.max_queue)
+        QFLASH_REQUEST_FAIL(RequestErrorKind::kQueueFull, "too many requests are waiting (", opts_.max_queue,
+                            "); retry later");
+      incoming_.push_back(std::move(req));
+    }
+    wake_.notify_all();
+    return stream;
+  }
+
+  [[nodiscard]] io::Tokenizer const& tokenizer() const override { return tok_; }
+  [[nodiscard]] model::ModelConfig const& config() const override { return *cfg_; }
+  [[nodiscard]] EngineInfo info() const override { return info_; }
+
+  void drain() override {
+    std::unique_lock lock(mutex_);
+    draining_ = true;
+    idle_.wait(lock, [&] { return incoming_.empty() && !busy_; });
+  }
+
+  void write_metrics(std::string& out) const override {
+    std::lock_guard lock(metrics_mutex_);
+    Metrics const& m = metrics_;
+    prom::single(out, "qflash:num_requests_running", "Sequences (request choices) running.", "gauge", m.running);
+    prom::single(out, "qflash:num_requests_waiting", "Sequences (request choices) waiting to run.", "gauge",
+                 m.waiting);
+    m.ttft.write(out, "qflash:time_to_first_token_seconds", "Time from arrival to the first generated token.");
+    m.itl.write(out, "qflash:inter_token_latency_seconds", "Time between consecutive tokens of a choice.");
+    m.e2e.write(out, "qflash:e2e_request_latency_seconds", "Time from arrival to the request's end.");
+    m.queue.write(out, "qflash:request_queue_time_seconds", "Time from arrival to first running.");
+    m.seq_wait.write(out, "qflash:seq_group_waiting_time_seconds",
+                     "Time sequences spend waiting each time they wait (preempted ones again).");
+    prom::single(out, "qflash:prompt_tokens_total", "Prompt tokens of finished and running requests.", "counter",
+                 static_cast<double>(m.prompt_tokens));
+    prom::single(out, "qflash:generation_tokens_total", "Generated tokens.", "counter",
+                 static_cast<double>(m.generation_tokens));
+    prom::single(out, "qflash:prefill_tokens_total", "Tokens computed as prompt chunks.", "counter",
+                 static_cast<double>(m.prefill_tokens));
+    prom::single(out, "qflash:decode_tokens_total", "Tokens computed one per sequence and step.", "counter",
+                 static_cast<double>(m.decode_tokens));
+    prom::single(out, "qflash:prefill_decode_ratio", "Prefill over decode tokens in the last 256 steps.", "gauge",
+                 m.decode_window.mean() > 0 ? m.prefill_window.mean() / m.decode_window.mean() : 0.0);
+    prom::single(out, "qflash:num_preemptions_total", "Sequences preempted for want of KV blocks.", "counter",
+                 static_cast<double>(m.preemptions));
+    prom::single(out, "qflash:requests_finished_total", "Requests that ended.", "counter",
+                 static_cast<double>(m.finished));
+    prom::single(out, "qflash:kv_cache_usage_perc", "Fraction of KV blocks referenced by sequences.", "gauge",
+                 m.kv_usage);
+    prom::header(out, "qflash:kv_cache_blocks", "KV blocks by state.", "gauge");
+    prom::sample(out, "qflash:kv_cache_blocks", static_cast<double>(m.blocks_used), "state=\"used\"");
+    prom::sample(out, "qflash:kv_cache_blocks", static_cast<double>(m.blocks_cached), "state=\"cached\"");
+    prom::sample(out, "qflash:kv_cache_blocks", static_cast<double>(m.blocks_free), "state=\"free\"");
+    prom::single(out, "qflash:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", "counter",
+                 static_cast<double>(m.prefix_queries));
+    prom::single(out, "qflash:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", "counter",
+                 static_cast<double>(m.prefix_hits));
+    prom::single(out, "qflash:kv_shared_hit_rate", "Prefix cache hits over queries (tokens) since start.", "gauge",
+                 m.prefix_queries ? static_cast<double>(m.prefix_hits) / static_cast<double>(m.prefix_queries) : 0.0);
+    prom::single(out, "qflash:deltanet_snapshot_hits_total",
+                 "Admissions that resumed from a cached Gated DeltaNet state.", "counter",
+                 static_cast<double>(m.snapshot_hits));
+    prom::single(out, "qflash:deltanet_snapshot_bytes", "Bytes of cached Gated DeltaNet state snapshots.", "gauge",
+                 static_cast<double>(m.snapshot_bytes));
+    prom::single(out, "qflash:tokens_per_second", "Tokens computed per second over the last 64 steps.", "gauge",
+                 m.step_seconds.mean() > 0 ? m.step_tokens.mean() / m.step_seconds.mean() : 0.0);
+    prom::header(out, "qflash:router_entropy", "Mean entropy (nats) of the routing distribution, last 1024 tokens.",
+                 "gauge");
+    for (std::size_t l = 0; l < m.router_entropy.size(); ++l)
+      if (cfg_->is_moe_layer(static_cast<int>(l)))
+        prom::sample(out, "qflash:router_entropy", m.router_entropy[l], "layer=\"" + std::to_string(l) + "\"");
+    prom::header(out, "qflash:expert_load_total", "Tokens routed to each expert, summed over layers.", "counter");
+    for (std::size_t e = 0; e < m.expert_load.size(); ++e)
+      prom::sample(out, "qflash:expert_load_total", static_cast<double>(m.expert_load[e]),
+                   "expert=\"" + std::to_string(e) + "\"");
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Sequence;
+  struct Request {
+    GenerationRequest params;
+    std::shared_ptr<RequestStream> stream;
+    RequestTiming timing;
+    RequestUsage usage;
+    std::vector<std::unique_ptr<Sequence>> choices;
+    int open = 0;            ///< choices not finished
+    bool forked = false;     ///< choices 1..n-1 exist
+    bool counted_waiting = true;
+  };
+
+  struct Sequence {
+    Request* req = nullptr;
+    int choice = 0;
+    std::vector<std::int32_t> tokens;  ///< prompt, then generated
+    std::int64_t n_prompt = 0;
+    std::optional<model::SequenceState> state;  ///< while admitted
+    std::int64_t computed = 0;                  ///< tokens in the state
+    std::vector<kv::BlockHash> hashes;          ///< of the state's first blocks, as cached
+    std::optional<Sampler> sampler;
+    std::optional<io::StreamDecoder> decoder;
+    std::string text;         ///< generated text, cut at a stop string
+    std::size_t emitted = 0;  ///< bytes of text already streamed
+    int generated = 0;
+    Clock::time_point waiting_since{}, last_token{};
+    bool done = false;
+  };
+
+  /// What a step runs for one sequence.
+  struct Scheduled {
+    Sequence* seq;
+    std::int64_t n;  ///< tokens from seq->computed
+  };
+
+  struct Metrics {
+    double running = 0, waiting = 0, kv_usage = 0;
+    std::int64_t blocks_used = 0, blocks_cached = 0, blocks_free = 0;
+    prom::Histogram ttft{prom::latency_buckets()}, itl{prom::latency_buckets()}, e2e{prom::latency_buckets()},
+        queue{prom::latency_buckets()}, seq_wait{prom::latency_buckets()};
+    std::int64_t prompt_tokens = 0, generation_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
+    std::int64_t preemptions = 0, finished = 0;
+    std::int64_t prefix_queries = 0, prefix_hits = 0, snapshot_hits = 0, snapshot_bytes = 0;
+    detail::WindowMean prefill_window{256}, decode_window{256}, step_tokens{64}, step_seconds{64};
+    std::vector<double> router_entropy;
+    std::vector<std::int64_t> expert_load;
+  };
+
+  // ---- requests -------------------------------------------------------------------------
+
+  void validate_request(GenerationRequest const& r) const {
+    auto invalid = [](auto const&... parts) { QFLASH_REQUEST_FAIL(RequestErrorKind::kInvalid, parts...); };
+    if (r.prompt.empty()) invalid("the prompt has no tokens");
+    for (std::int32_t t : r.prompt)
+      if (t < 0 || t >= cfg_->vocab) invalid("prompt token id ", t, " is outside the vocabulary [0, ", cfg_->vocab, ")");
+    if (static_cast<std::int64_t>(r.prompt.size()) >= max_context_)
+      invalid("the prompt has ", r.prompt.size(), " tokens, which leaves no room to generate in a context of ",
+              max_context_, " tokens");
+    if (pool_->blocks_for(static_cast<std::int64_t>(r.prompt.size()) + 1) > pool_->capacity())
+      invalid("the prompt has ", r.prompt.size(), " tokens; the KV cache holds ",
+              pool_->capacity() * pool_->layout().block_tokens(), " positions in all (give it more memory)");
+    if (r.n < 1 || r.n > 128) invalid("n must be in [1, 128], got ", r.n);
+    if (r.max_tokens < 1) invalid("max_tokens must be >= 1, got ", r.max_tokens);
+    if (r.top_logprobs < -1 || r.top_logprobs > kMaxTopLogprobs)
+      invalid("top_logprobs must be in [0, ", kMaxTopLogprobs, "], got ", r.top_logprobs);
+    if (!(std::fabs(r.frequency_penalty) <= 2)) invalid("frequency_penalty must be in [-2, 2], got ", r.frequency_penalty);
+    if (!(std::fabs(r.presence_penalty) <= 2)) invalid("presence_penalty must be in [-2, 2], got ", r.presence_penalty);
+    for (auto const& s : r.stop)
+      if (s.empty()) invalid("a stop string is empty");
+    for (std::int32_t t : r.stop_token_ids)
+      if (t < 0 || t >= cfg_->vocab) invalid("stop token id ", t, " is outside the vocabulary [0, ", cfg_->vocab, ")");
+    try {
+      validate(r.sampling);
+    } catch (Error const& e) {
+      invalid(e.what());
+    }
+  }
+
+  /// A choice's sequence before it runs.
+  std::unique_ptr<Sequence> new_sequence(Request& req, int choice) {
+    auto s = std::make_unique<Sequence>();
+    s->req = &req;
+    s->choice = choice;
+    s->tokens = req.params.prompt;
+    s->n_prompt = static_cast<std::int64_t>(s->tokens.size());
+    SamplingParams sp = req.params.sampling;
+    sp.seed += static_cast<std::uint64_t>(choice);
+    s->sampler.emplace(sp);
+    s->decoder.emplace(tok_);
+    s->waiting_since = Clock::now();
+    return s;
+  }
+
+  // ---- the engine thread ------------------------------------------------------------------
+
+  void loop() {
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        busy_ = !waiting_.empty() || !running_.empty();
+        if (!busy_ && incoming_.empty()) idle_.notify_all();
+        wake_.wait(lock, [&] { return stop_ || !incoming_.empty() || busy_; });
+        if (stop_) break;
+        for (auto& r : incoming_) {
+          Request& req = *r;
+          req.open = req.params.n;
+          req.choices.push_back(new_sequence(req, 0));
+          enqueue(req.choices[0].get(), /*front=*/false);
+          requests_.push_back(std::move(r));
+          ++waiting_requests_;
+        }
+        incoming_.clear();
+      }
+      try {
+        step();
+      } catch (std::exception const& e) {  // a bug: fail everything rather than hang clients
+        QFLASH_LOG_WARN("engine step failed: ", e.what());
+        for (auto& r : requests_) fail(*r, std::string("the engine failed: ") + e.what());
+        reap();
+      }
+    }
+    for (auto& r : requests_) fail(*r, "the engine stopped");
+    std::lock_guard lock(mutex_);
+    for (auto& r : incoming_) r->stream->fail("the engine stopped", {}, r->timing);
+  }
+
+  void step() {
+    auto const t0 = Clock::now();
+    drop_cancelled();
+    schedule();
+    if (!batch_.empty()) {
+      chunks_.clear();
+      for (Scheduled const& b : batch_)
+        chunks_.push_back({std::span<std::int32_t const>(b.seq->tokens).subspan(static_cast<std::size_t>(b.seq->computed),
+                                                                             static_cast<std::size_t>(b.n)),
+                           &*b.seq->state});
+      try {
+        model_->forward(chunks_, model::LogitsFor::kLastToken, logits_);
+      } catch (std::exception const& e) {
+        std::vector<Request*> hit;
+        for (Scheduled const& b : batch_) hit.push_back(b.seq->req);
+        for (Request* r : hit) fail(*r, std::string("the model failed on this request: ") + e.what());
+        reap();
+        return;
+      }
+      std::int64_t prefill = 0, decode = 0;
+      auto const vocab = static_cast<std::size_t>(cfg_->vocab);
+      for (std::size_t i = 0; i < batch_.size(); ++i) {
+        Sequence& s = *batch_[i].seq;
+        bool const decoding = s.computed >= s.n_prompt;
+        (decoding ? decode : prefill) += batch_[i].n;
+        s.computed += batch_[i].n;
+        cache_blocks(s);
+        if (s.computed == static_cast<std::int64_t>(s.tokens.size()))
+          next_token(s, std::span<float const>(logits_).subspan(i * vocab, vocab));
+      }
+      std::lock_guard lock(metrics_mutex_);
+      metrics_.prefill_tokens += prefill;
+      metrics_.decode_tokens += decode;
+      metrics_.prefill_window.add(static_cast<double>(prefill));
+      metrics_.decode_window.add(static_cast<double>(decode));
+      metrics_.step_tokens.add(static_cast<double>(prefill + decode));
+      metrics_.step_seconds.add(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    reap();
+    update_gauges();
+  }
+
+  void drop_cancelled() {
+    for (auto& r : requests_)
+      if (r->open > 0 && r->stream->cancelled()) {
+        for (auto& s : r->choices)
+          if (!s->done) retire(*s);
+        r->open = 0;
+        end(*r);
+      }
+  }
+
+  // ---- scheduling ---------------------------------------------------------------------------
+
+  void schedule() {
+    batch_.clear();
+    std::int64_t budget = opts_.max_num_batched_tokens;
+    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
+      Sequence* s = running_[i];
+      std::int64_t const n = make_room(*s, chunk(*s, budget));
+      if (n == 0) continue;  // s left running_ (preempted, or ended): running_[i] is the next one
+      batch_.push_back({s, n});
+      budget -= n;
+      ++i;
+    }
+    while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < opts_.max_num_seqs) {
+      Sequence* s = waiting_.front();
+      std::int64_t const n = admit(*s, budget);
+      if (n == 0) break;
+      waiting_.pop_front();
+      running_.push_back(s);
+      batch_.push_back({s, n});
+      budget -= n;
+    }
+  }
+
+  /// Tokens of s to compute next: what is left of its input, within the budget, cut at the next
+  /// snapshot boundary.
+  std::int64_t chunk(Sequence const& s, std::int64_t budget) const {
+    std::int64_t n = std::min<std::int64_t>(static_cast<std::int64_t>(s.tokens.size()) - s.computed, budget);
+    if (std::int64_t const cut = next_snapshot(s); cut > s.computed) n = std::min(n, cut - s.computed);
+    return n;
+  }
+
+  /// Positions s can reach with the blocks it holds and every free one.
+  [[nodiscard]] std::int64_t reachable(Sequence const& s) const {
+    return (static_cast<std::int64_t>(s.state->blocks().size()) + pool_->free_blocks()) *
+           pool_->layout().block_tokens();
+  }
+
+  /// Blocks for up to `n` more tokens of running sequence s: a prefill chunk shrinks to what is
+  /// free; when not one token fits, the newest running sequences are preempted. Returns the
+  /// tokens s may compute, or 0 when s left running_: preempted itself, or ended because it
+  /// alone outgrew the whole pool.
+  std::int64_t make_room(Sequence& s, std::int64_t n) {
+    while (reachable(s) <= s.computed) {
+      if (running_.size() == 1) {
+        QFLASH_LOG_WARN("request '", s.req->params.id, "': the KV cache (", pool_->capacity(), " blocks of ",
+                        pool_->layout().block_tokens(), " tokens) is full with this sequence alone; it ends here");
+        ChoiceEvent ev;
+        ev.index = s.choice;
+        s.text += s.decoder->flush();
+        finish(s, FinishReason::kLength, ev);
+        return 0;
+      }
+      Sequence* victim = running_.back();  // running_ is in admission order
+      preempt(*victim);
+      if (victim == &s) return 0;
+    }
+    n = std::min(n, reachable(s) - s.computed);
+    s.state->reserve(s.computed + n);
+    return n;
+  }
+
+  void preempt(Sequence& s) {
+    s.state.reset();
+    s.computed = 0;
+    s.hashes.clear();
+    running_.erase(std::find(running_.begin(), running_.end(), &s));
+    enqueue(&s, /*front=*/true);
+    std::lock_guard lock(metrics_mutex_);
+    ++metrics_.preemptions;
+  }
+
+  void enqueue(Sequence* s, bool front) {
+    s->waiting_since = Clock::now();
+    if (front) {
+      waiting_.push_front(s);
+      return;
+    }
+    auto const at = std::find_if(waiting_.begin(), waiting_.end(),
+                                 [&](Sequence const* w) { return w->req->params.priority > s->req->params.priority; });
+    waiting_.insert(at, s);
+  }
+
+  /// Gives s a state, resumed from the prefix cache when it can, and blocks for its first
+  /// chunk; returns the chunk's tokens, or 0 (s unchanged) when no block is free for it.
+  std::int64_t admit(Sequence& s, std::int64_t budget) {
+    s.state.emplace(*cfg_, pool_);
+    std::int64_t const bt = pool_->layout().block_tokens();
+    std::int64_t adopted = 0;
+    if (cache_) {
+      std::int64_t const max_blocks = (static_cast<std::int64_t>(s.tokens.size()) - 1) / bt;
+      kv::PrefixCache::Match m = cache_->match(s.tokens, s.req->params.cache_salt, max_blocks);
+      std::size_t keep = m.blocks.size();
+      if (hybrid_) {  // resume only where the linear state is known
+        while (keep > 0 && !m.snapshots[keep - 1]) --keep;
+        if (keep > 0) {
+          s.state->restore_linear(*m.snapshots[keep - 1]);
+          cache_->note_snapshot_hit();
+        }
+      }
+      pool_->release(std::span<std::int32_t const>(m.blocks).subspan(keep));
+      m.blocks.resize(keep);
+      m.hashes.resize(keep);
+      adopted = static_cast<std::int64_t>(keep) * bt;
+      s.state->adopt_prefix(m.blocks, adopted);
+      s.hashes = std::move(m.hashes);
+    }
+    s.computed = adopted;
+    std::int64_t const n = std::min(chunk(s, budget), reachable(s) - s.computed);
+    if (n < 1) {
+      s.state.reset();
+      s.computed = 0;
+      s.hashes.clear();
+      return 0;
+    }
+    s.state->reserve(s.computed + n);
+    Request& r = *s.req;
+    auto const now = Clock::now();
+    if (r.counted_waiting) {
+      r.counted_waiting = false;
+      std::lock_guard lock(mutex_);
+      --waiting_requests_;
+    }
+    std::lock_guard lock(metrics_mutex_);
+    if (r.timing.scheduled == RequestTiming::time_point{}) {
+      r.timing.scheduled = now;
+      r.usage.cached_tokens = adopted;
+      metrics_.queue.observe(std::chrono::duration<double>(now - r.timing.arrival).count());
+    }
+    metrics_.seq_wait.observe(std::chrono::duration<double>(now - s.waiting_since).count());
+    metrics_.prefix_queries += (static_cast<std::int64_t>(s.tokens.size()) - 1) / bt * bt;
+    metrics_.prefix_hits += adopted;
+    return n;
+  }
+
+  // ---- prefix cache ---------------------------------------------------------------------------
+
+  /// The next block boundary after s.computed where a hybrid model keeps a state snapshot
+  /// (0: none): every snapshot_every_blocks blocks, and the prompt's last full block.
+  [[nodiscard]] std::int64_t next_snapshot(Sequence const& s) const {
+    if (!cache_ || !hybrid_) return 0;
+    std::int64_t const bt = pool_->layout().block_tokens();
+    std::int64_t const every = std::max(1, opts_.prefix.snapshot_every_blocks) * bt;
+    std::int64_t cut = (s.computed / every + 1) * every;
+    std::int64_t const prompt_end = s.n_prompt / bt * bt;
+    if (prompt_end > s.computed) cut = std::min(cut, prompt_end);
+    return cut;
+  }
+
+  /// Registers s's newly full blocks with the cache, and snapshots its state at a boundary.
+  void cache_blocks(Sequence& s) {
+    if (!cache_) return;
+    std::int64_t const bt = pool_->layout().block_tokens();
+    std::int64_t const full = s.computed / bt;
+    std::string const& salt = s.req->params.cache_salt;
+    while (static_cast<std::int64_t>(s.hashes.size()) < full) {
+      std::size_t const i = s.hashes.size();
+      kv::BlockHash const parent = i == 0 ? kv::PrefixCache::root(salt) : s.hashes[i - 1];
+      auto const toks = std::span<std::int32_t const>(s.tokens).subspan(i * static_cast<std::size_t>(bt),
+                                                                        static_cast<std::size_t>(bt));
+      s.hashes.push_back(cache_->insert(parent, toks, salt, s.state->blocks()[i]));
+    }
+    if (!hybrid_ || full == 0 || s.computed % bt != 0) return;
+    bool const at_prompt_end = s.computed == s.n_prompt / bt * bt;
+    if (full % std::max(1, opts_.prefix.snapshot_every_blocks) != 0 && !at_prompt_end) return;
+    kv::BlockHash const h = s.hashes[static_cast<std::size_t>(full - 1)];
+    if (!cache_->has_snapshot(h)) cache_->attach_snapshot(h, s.state->snapshot_linear(opts_.prefix.snapshot_bf16));
+  }
+
+  // ---- sampling and streaming -------------------------------------------------------------
+
+  void next_token(Sequence& s, std::span<float const> logits) {
+    Request& r = *s.req;
+    if (s.choice == 0 && !r.forked && s.tokens.size() == static_cast<std::size_t>(s.n_prompt)) fork_choices(r);
+    sample_and_stream(s, logits);
+    // The forks share this prompt's logits.
+    if (s.choice == 0 && r.forked && s.generated == 1)
+      for (auto& c : r.choices)
+        if (c->choice > 0 && c->generated == 0 && c->state && c->computed == c->n_prompt)
+          sample_and_stream(*c, logits);
+  }
+
+  /// Choices 1..n-1 of r from choice 0's state after the prompt; those that cannot fork now
+  /// (no room) wait and compute the prompt themselves, from the prefix cache where they can.
+  void fork_choices(Request& r) {
+    r.forked = true;
+    Sequence& first = *r.choices[0];
+    for (int c = 1; c < r.params.n; ++c) {
+      auto s = new_sequence(r, c);
+      Sequence* p = s.get();
+      r.choices.push_back(std::move(s));
+      bool forked = false;
+      if (static_cast<int>(running_.size()) < opts_.max_num_seqs) {
+        try {
+          p->state.emplace(first.state->fork());
+          p->computed = first.computed;
+          p->hashes = first.hashes;
+          running_.push_back(p);
+          forked = true;
+        } catch (Error const&) {
+          p->state.reset();
+        }
+      }
+      if (!forked) enqueue(p, /*front=*/true);
+    }
+  }
+
+  void sample_and_stream(Sequence& s, std::span<float const> logits) {
+    Request& r = *s.req;
+    GenerationRequest const& p = r.params;
+    work_.assign(logits.begin(), logits.end());
+    for (std::int32_t id : untokenizable_) work_[static_cast<std::size_t>(id)] = -INFINITY;
+    std::optional<TokenLogprob> lp;
+    if (p.top_logprobs >= 0) lp = logprobs(work_, p.top_logprobs);
+    if (p.frequency_penalty != 0 || p.presence_penalty != 0) {
+      counts_.assign(work_.size(), 0);
+      for (std::size_t i = static_cast<std::size_t>(s.n_prompt); i < s.tokens.size(); ++i)
+        ++counts_[static_cast<std::size_t>(s.tokens[i])];
+      for (std::size_t t = 0; t < work_.size(); ++t)
+        if (counts_[t] > 0)
+          work_[t] -= p.frequency_penalty * static_cast<float>(counts_[t]) + p.presence_penalty;
+    }
+    std::int32_t const next = s.sampler->sample(work_, s.tokens);
+    auto const now = Clock::now();
+    if (lp) {
+      lp->token = next;
+      lp->logprob = logprob_of(work_logprobs_, next);
+    }
+    {
+      std::lock_guard lock(metrics_mutex_);
+      ++metrics_.generation_tokens;
+      if (r.timing.first_token == RequestTiming::time_point{}) {
+        r.timing.first_token = now;
+        metrics_.ttft.observe(std::chrono::duration<double>(now - r.timing.arrival).count());
+      } else if (s.last_token != Clock::time_point{}) {
+        metrics_.itl.observe(std::chrono::duration<double>(now - s.last_token).count());
+      }
+    }
+    s.last_token = now;
+    ++s.generated;
+    ++r.usage.completion_tokens;
+    bool const eos = !p.ignore_eos && (std::find(info_.eos_ids.begin(), info_.eos_ids.end(), next) != info_.eos_ids.end() ||
+                                       std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), next) !=
+                                           p.stop_token_ids.end());
+    ChoiceEvent ev;
+    ev.index = s.choice;
+    if (eos) {
+      finish(s, FinishReason::kEos, ev);
+      return;
+    }
+    s.tokens.push_back(next);
+    ev.tokens.push_back(next);
+    if (lp) ev.logprobs.push_back(std::move(*lp));
+    std::size_t const before = s.text.size();
+    s.text += s.decoder->push(next);
+    std::size_t stop_len = 0;
+    if (std::size_t at = find_stop(s.text, before, p.stop, stop_len); at != std::string::npos) {
+      s.text.resize(at);
+      finish(s, FinishReason::kStopString, ev);
+      return;
+    }
+    if (s.generated >= p.max_tokens || static_cast<std::int64_t>(s.tokens.size()) >= max_context_) {
+      s.text += s.decoder->flush();
+      finish(s, FinishReason::kLength, ev);
+      return;
+    }
+    std::size_t const ready = s.text.size() - held_back(s.text, p.stop);
+    if (ready > s.emitted) {
+      ev.text = s.text.substr(s.emitted, ready - s.emitted);
+      s.emitted = ready;
+    }
+    r.stream->push(std::move(ev));
+  }
+
+  /// The chosen token's and the top k tokens' log-probabilities from `logits` (as the model
+  /// gives them, before penalties and temperature); keeps the normalised values for logprob_of.
+  TokenLogprob logprobs(std::vector<float> const& logits, int k) {
+    float const mx = *std::max_element(logits.begin(), logits.end());
+    double sum = 0;
+    for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
+    float const lse = mx + static_cast<float>(std::log(sum));
+    work_logprobs_.resize(logits.size());
+    for (std::size_t i = 0; i < logits.size(); ++i) work_logprobs_[i] = logits[i] - lse;
+    TokenLogprob out;
+    if (k > 0) {
+      order_.resize(logits.size());
+      for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<std::int32_t>(i);
+      auto const kk = std::min<std::size_t>(static_cast<std::size_t>(k), order_.size());
+      std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(kk), order_.end(),
+                        [&](std::int32_t a, std::int32_t b) {
+                          return work_logprobs_[static_cast<std::size_t>(a)] > work_logprobs_[static_cast<std::size_t>(b)] ||
+                                 (work_logprobs_[static_cast<std::size_t>(a)] == work_logprobs_[static_cast<std::size_t>(b)] && a < b);
+                        });
+      for (std::size_t i = 0; i < kk; ++i) out.top.emplace_back(order_[i], work_logprobs_[static_cast<std::size_t>(order_[i])]);
+    }
+    return out;
+  }
+  static float logprob_of(std::vector<float> const& lp, std::int32_t token) { return lp[static_cast<std::size_t>(token)]; }
+
+  /// Ends choice s with `ev` as its last event (the rest of its text appended).
+  void finish(Sequence& s, FinishReason why, ChoiceEvent& ev) {
+    if (why != FinishReason::kStopString && why != FinishReason::kLength) s.text += s.decoder->flush();
+    if (s.text.size() > s.emitted) ev.text = s.text.substr(s.emitted);
+    s.emitted = s.text.size();
+    ev.finish = why;
+    s.req->stream->push(std::move(ev));
+    retire(s);
+    if (--s.req->open == 0) end(*s.req);
+  }
+
+  /// Takes s out of the running and waiting sets; its blocks go back (cached ones stay cached).
+  void retire(Sequence& s) {
+    s.done = true;
+    s.state.reset();
+    if (auto it = std::find(running_.begin(), running_.end(), &s); it != running_.end()) running_.erase(it);
+    if (auto it = std::find(waiting_.begin(), waiting_.end(), &s); it != waiting_.end()) waiting_.erase(it);
+  }
+
+  void end(Request& r) {
+    r.usage.prompt_tokens = static_cast<std::int64_t>(r.params.prompt.size());
+    r.timing.finished = Clock::now();
+    if (r.counted_waiting) {
+      r.counted_waiting = false;
+      std::lock_guard lock(mutex_);
+      --waiting_requests_;
+    }
+    {
+      std::lock_guard lock(metrics_mutex_);
+      metrics_.prompt_tokens += r.usage.prompt_tokens;
+      ++metrics_.finished;
+      metrics_.e2e.observe(std::chrono::duration<double>(r.timing.finished - r.timing.arrival).count());
+    }
+    r.stream->end(r.usage, r.timing);
+  }
+
+  /// Ends r with an error (its choices retired).
+  void fail(Request& r, std::string const& message) {
+    if (r.stream->ended()) return;
+    for (auto& s : r.choices)
+      if (!s->done) retire(*s);
+    r.open = 0;
+    if (r.counted_waiting) {
+      r.counted_waiting = false;
+      std::lock_guard lock(mutex_);
+      --waiting_requests_;
+    }
+    r.timing.finished = Clock::now();
+    r.stream->fail(message, r.usage, r.timing);
+  }
+
+  /// Forgets requests whose streams have ended.
+  void reap() {
+    requests_.remove_if([](std::unique_ptr<Request> const& r) { return r->stream->ended(); });
+  }
+
+  // ---- metrics -----------------------------------------------------------------------------
+
+  void update_gauges() {
+    std::lock_guard lock(metrics_mutex_);
+    metrics_.running = static_cast<double>(running_.size());
+    metrics_.waiting = static_cast<double>(waiting_.size());
+    metrics_.blocks_used = pool_->used_blocks();
+    metrics_.blocks_cached = cache_ ? cache_->reclaimable() : 0;
+    metrics_.blocks_free = pool_->capacity() - metrics_.blocks_used - metrics_.blocks_cached;
+    metrics_.kv_usage = pool_->capacity() ? static_cast<double>(metrics_.blocks_used) / static_cast<double>(pool_->capacity()) : 0.0;
+    if (cache_) {
+      metrics_.snapshot_hits = cache_->stats().snapshot_hits;
+      metrics_.snapshot_bytes = cache_->stats().snapshot_bytes;
+    }
+    metrics_.router_entropy.resize(entropy_.size());
+    for (std::size_t l = 0; l < entropy_.size(); ++l) metrics_.router_entropy[l] = entropy_[l].mean();
+    metrics_.expert_load = expert_load_;
+  }
+
+  /// Per MoE layer: the routing entropy of every token, the experts' load, and (when asked)
+  /// the decode tokens' decisions in the log.
+  void observe_routes(model::RouteRecord const& r) {
+    for (std::int64_t t = 0; t < r.n_tokens; ++t) {
+      float const* l = r.logits + t * r.logits_stride;
+      float const mx = *std::max_element(l, l + r.n_expert);
+      double z = 0, zl = 0;
+      for (int e = 0; e < r.n_expert; ++e) {
+        double const x = l[e] - mx, p = std::exp(x);
+        z += p;
+        zl += p * x;
+      }
+      entropy_[r.layer].add(std::log(z) - zl / z);  // -sum p log p with p = exp(x) / z
+      for (int j = 0; j < r.n_expert_used; ++j) {
+        std::int32_t const e = r.experts[t * r.n_expert_used + j];
+        if (e >= 0 && static_cast<std::size_t>(e) < expert_load_.size()) ++expert_load_[static_cast<std::size_t>(e)];
+      }
+    }
+    if (router_log_.is_open() && router_log_bytes_ < opts_.router_log_max_bytes) log_routes(r);
+  }
+
+  void log_routes(model::RouteRecord const& r) {
+    std::int64_t row = 0;
+    std::string line;
+    for (Scheduled const& b : batch_) {
+      Sequence const& s = *b.seq;
+      if (s.computed >= s.n_prompt && b.n == 1 && row < r.n_tokens) {
+        line = "{\"request\":" + io::Json(s.req->params.id).dump() + ",\"choice\":" + std::to_string(s.choice) +
+               ",\"position\":" + std::to_string(s.computed) + ",\"layer\":" + std::to_string(r.layer) + ",\"experts\":[";
+        for (int j = 0; j < r.n_expert_used; ++j)
+          line += (j ? "," : "") + std::to_string(r.experts[row * r.n_expert_used + j]);
+        line += "],\"weights\":[";
+        for (int j = 0; j < r.n_expert_used; ++j)
+          line += (j ? "," : "") + prom::number(r.weights[row * r.n_expert_used + j]);
+        line += "]}\n";
+        router_log_ << line;
+        router_log_bytes_ += static_cast<std::int64_t>(line.size());
+      }
+      row += b.n;
+    }
+    router_log_.flush();
+  }
+
+  io::Tokenizer tok_;
+  EngineOptions opts_;
+  EngineInfo info_;
+  std::unique_ptr<model::Model<S, Arch>> model_;
+  model::ModelConfig const* cfg_ = nullptr;
+  std::int64_t max_context_ = 0;
+  bool hybrid_ = false;
+  std::shared_ptr<kv::KvBlockPool> pool_;
+  std::unique_ptr<kv::PrefixCache> cache_;
+  std::vector<std::int32_t> untokenizable_;
+
+  // Shared with submitting threads (mutex_).
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::vector<std::unique_ptr<Request>> incoming_;
+  std::int64_t waiting_requests_ = 0;  ///< accepted requests not yet admitted
+  bool stop_ = false, draining_ = false, busy_ = false;
+
+  // The engine thread's.
+  std::list<std::unique_ptr<Request>> requests_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;
+  std::vector<Scheduled> batch_;
+  std::vector<model::SequenceChunk> chunks_;
+  std::vector<float> logits_, work_, work_logprobs_;
+  std::vector<std::int32_t> order_;
+  std::vector<int> counts_;
+  std::vector<detail::WindowMean> entropy_;
+  std::vector<std::int64_t> expert_load_;
+  std::ofstream router_log_;
+  std::int64_t router_log_bytes_ = 0;
+
+  mutable std::mutex metrics_mutex_;
+  Metrics metrics_;
+
+  std::thread worker_;  // last: starts after everything above is built
+};
+
+/// The engine over the compiled instance that runs `model` (as runtime::with_model chooses it).
+/// @param model_id  the name /v1/models reports
+inline std::unique_ptr<Engine> make_engine(LoadedModel model, io::Tokenizer tokenizer, EngineOptions options,
+                                           std::string model_id) {
+  MoeSpec const rt = model.spec();
+  std::string const source = model.config.source;
+  std::unique_ptr<Engine> engine;
+  int const chosen = select_spec(instances::kSpecs, rt);
+  Status const s = dispatch_spec(rt, [&](auto spec) {
+    constexpr MoeSpec kSpec = decltype(spec)::value;
+    EngineInfo info;
+    info.model_id = model_id;
+    info.spec = std::string(instances::kSpecNames[static_cast<std::size_t>(chosen)]);
+    info.specialised = is_static(kSpec);
+    engine = std::make_unique<BatchEngine<kSpec>>(std::move(model), std::move(tokenizer), std::move(options),
+                                                  std::move(info));
+    return Status::kSuccess;
+  });
+  QFLASH_CHECK(s == Status::kSuccess, source, ": no compiled instance runs this model (", to_string(s),
+               "); compiled specs: ", compiled_spec_names());
+  return engine;
+}
+
+}  // namespace qflash::runtime

@@ -1,0 +1,350 @@
+// The batch engine (runtime/batch_engine.hpp) on the embedded default model: its output equals
+// single-sequence generation, batching, chunked prefill, preemption and the prefix cache change
+// no greedy token, n choices fork, cancellation and errors behave, and the metrics and router
+// log say what happened.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "qflash/runtime/batch_engine.hpp"
+#include "qflash/runtime/generate.hpp"
+#include "qflash/runtime/with_model.hpp"
+#include "support/expect_error.hpp"
+
+using namespace qflash;
+using namespace qflash::runtime;
+
+namespace {
+
+std::string const kDir = std::string(QFLASH_SOURCE_DIR) + "/models/qwen3_5_moe-micro";
+
+LoadedModel load() {
+  LoadOptions o;
+  o.progress = false;
+  return load_model(kDir, o);
+}
+io::Tokenizer tokenizer() { return io::Tokenizer::from_file(kDir + "/tokenizer.json"); }
+
+std::unique_ptr<Engine> start(EngineOptions o = {}) { return make_engine(load(), tokenizer(), std::move(o), "micro"); }
+
+/// Everything a request streamed.
+struct Result {
+  std::vector<std::string> text;
+  std::vector<std::vector<std::int32_t>> tokens;
+  std::vector<std::vector<TokenLogprob>> logprobs;
+  std::vector<std::optional<FinishReason>> finish;
+  RequestUsage usage;
+  std::optional<std::string> error;
+};
+
+Result collect(RequestStream& s, int n = 1) {
+  Result r;
+  r.text.resize(static_cast<std::size_t>(n));
+  r.tokens.resize(static_cast<std::size_t>(n));
+  r.logprobs.resize(static_cast<std::size_t>(n));
+  r.finish.resize(static_cast<std::size_t>(n));
+  std::vector<ChoiceEvent> events;
+  auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  bool open = true;
+  while (open) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    events.clear();
+    open = s.wait(events, std::chrono::milliseconds(200));
+    for (auto& e : events) {
+      auto const i = static_cast<std::size_t>(e.index);
+      REQUIRE(i < r.text.size());
+      CHECK_FALSE(r.finish[i].has_value());  // nothing after a choice's last event
+      r.text[i] += e.text;
+      r.tokens[i].insert(r.tokens[i].end(), e.tokens.begin(), e.tokens.end());
+      for (auto& lp : e.logprobs) r.logprobs[i].push_back(lp);
+      if (e.finish) r.finish[i] = e.finish;
+    }
+  }
+  r.usage = s.usage();
+  r.error = s.error();
+  return r;
+}
+
+GenerationRequest greedy(std::vector<std::int32_t> prompt, int max_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+/// runtime::generate's greedy result on the instance the engine runs.
+GenerateResult reference(std::vector<std::int32_t> const& prompt, int max_tokens) {
+  GenerateResult out;
+  auto tok = tokenizer();
+  with_model(load(), {}, [&](auto& m) {
+    GenerateOptions g;
+    g.max_tokens = max_tokens;
+    g.eos_ids.assign(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
+    out = generate(m, tok, prompt, g);
+  });
+  return out;
+}
+
+/// A metric's value from the Prometheus text (the first sample with that name and labels).
+double metric(Engine const& e, std::string const& name_and_labels) {
+  std::string text;
+  e.write_metrics(text);
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(name_and_labels + " ", 0) == 0) return std::stod(line.substr(name_and_labels.size() + 1));
+  FAIL("metric ", name_and_labels, " not found");
+  return 0;
+}
+
+std::vector<std::string> const kPrompts{
+    "It was a truth universally acknowledged",
+    "Mr. Darcy",
+    "She was",
+    "The morning was fine, and Elizabeth walked out to the garden where her sister sat reading a letter",
+    "\"My dear Jane,\" said she,",
+    "Emma",
+};
+
+std::vector<std::int32_t> encode(std::string const& s) { return tokenizer().encode(s); }
+
+}  // namespace
+
+TEST_CASE("engine: a request streams generate()'s greedy tokens and text") {
+  auto e = start();
+  for (std::string const& p : {kPrompts[0], kPrompts[3]}) {
+    CAPTURE(p);
+    auto const ids = encode(p);
+    GenerateResult const want = reference(ids, 24);
+    Result const got = collect(*e->submit(greedy(ids, 24)));
+    REQUIRE_FALSE(got.error);
+    CHECK(got.tokens[0] == want.tokens);
+    CHECK(got.text[0] == want.text);
+    CHECK(got.finish[0] == want.finish);
+    CHECK(got.usage.prompt_tokens == static_cast<std::int64_t>(ids.size()));
+    CHECK(got.usage.completion_tokens >= static_cast<std::int64_t>(want.tokens.size()));
+  }
+  EngineInfo const info = e->info();
+  CHECK(info.model_id == "micro");
+  CHECK(info.max_context == 1024);
+  CHECK(info.prefix_cache);
+  CHECK_FALSE(info.compressed_kv);  // f32 KV by default
+  CHECK_FALSE(flash_used(info));
+}
+
+TEST_CASE("engine: batched, chunked and queued requests give their single-run tokens") {
+  std::vector<GenerateResult> want;
+  for (auto const& p : kPrompts) want.push_back(reference(encode(p), 32));
+  EngineOptions o;
+  o.max_num_seqs = 3;              // the rest wait
+  o.max_num_batched_tokens = 8;    // prompts in chunks, beside decode tokens
+  auto e = start(o);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (auto const& p : kPrompts) streams.push_back(e->submit(greedy(encode(p), 32)));
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    CAPTURE(kPrompts[i]);
+    Result const got = collect(*streams[i]);
+    CHECK(got.tokens[0] == want[i].tokens);
+    CHECK(got.text[0] == want[i].text);
+  }
+  CHECK(metric(*e, "qflash:kv_cache_blocks{state=\"used\"}") == 0);
+  CHECK(metric(*e, "qflash:requests_finished_total") == static_cast<double>(kPrompts.size()));
+  CHECK(metric(*e, "qflash:generation_tokens_total") > 0);
+}
+
+TEST_CASE("engine: a KV pool too small for all still completes every request with the same tokens") {
+  std::vector<GenerateResult> want;
+  for (auto const& p : kPrompts) want.push_back(reference(encode(p), 48));
+  for (bool prefix : {false, true}) {
+    CAPTURE(prefix);
+    EngineOptions o;
+    o.max_num_seqs = 6;
+    o.prefix.enabled = prefix;
+    o.prefix.snapshot_bf16 = false;
+    // f32 KV of this model: 32 KiB a block of 16 tokens; 5 blocks cannot hold 6 sequences.
+    o.kv_cache_bytes = std::int64_t{5} * 32768 * 4 / 3 + 1;
+    auto e = start(o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (auto const& p : kPrompts) streams.push_back(e->submit(greedy(encode(p), 48)));
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      CAPTURE(kPrompts[i]);
+      Result const got = collect(*streams[i]);
+      REQUIRE_FALSE(got.error);
+      CHECK(got.tokens[0] == want[i].tokens);
+    }
+    CHECK(metric(*e, "qflash:num_preemptions_total") > 0);
+  }
+}
+
+TEST_CASE("engine: a sequence that outgrows the whole pool ends with finish 'length'") {
+  EngineOptions o;
+  o.prefix.enabled = false;
+  o.kv_cache_bytes = 2 * 32768;  // 2 blocks: 32 positions
+  auto e = start(o);
+  auto const ids = encode(kPrompts[0]);
+  Result const got = collect(*e->submit(greedy(ids, 200)));
+  REQUIRE_FALSE(got.error);
+  CHECK(got.finish[0] == FinishReason::kLength);
+  CHECK(static_cast<std::int64_t>(ids.size() + got.tokens[0].size()) <= 33);
+  // A prompt the pool can never hold is refused up front.
+  auto const long_prompt = encode(kPrompts[3] + " " + kPrompts[3]);
+  REQUIRE(long_prompt.size() > 32);
+  test::expect_error([&] { e->submit(greedy(long_prompt, 4)); }, {"KV cache"});
+}
+
+TEST_CASE("engine: the prefix cache serves a repeated prompt, never across salts") {
+  EngineOptions o;
+  o.prefix.snapshot_bf16 = false;  // restore the exact state: the same greedy tokens follow
+  auto e = start(o);
+  auto const ids = encode(kPrompts[3] + " " + kPrompts[0] + ". " + kPrompts[4] + " " + kPrompts[2] + " " + kPrompts[5] + ".");
+  REQUIRE(ids.size() >= 40);
+  REQUIRE(ids.size() % 16 != 0);  // its last full block is cached with a snapshot, and matchable
+  Result const first = collect(*e->submit(greedy(ids, 16)));
+  CHECK(first.usage.cached_tokens == 0);
+  Result const again = collect(*e->submit(greedy(ids, 16)));
+  CHECK(again.usage.cached_tokens == static_cast<std::int64_t>(ids.size() / 16 * 16));
+  CHECK(again.tokens[0] == first.tokens[0]);
+  GenerationRequest other = greedy(ids, 16);
+  other.cache_salt = "tenant-b";
+  Result const salted = collect(*e->submit(other));
+  CHECK(salted.usage.cached_tokens == 0);
+  CHECK(salted.tokens[0] == first.tokens[0]);
+  CHECK(metric(*e, "qflash:deltanet_snapshot_hits_total") >= 1);
+  CHECK(metric(*e, "qflash:kv_shared_hit_rate") > 0);
+  // A longer prompt with the same start resumes at the last snapshot inside the shared part.
+  auto longer = ids;
+  for (auto t : encode(" and so it ended")) longer.push_back(t);
+  Result const extended = collect(*e->submit(greedy(longer, 8)));
+  CHECK(extended.usage.cached_tokens > 0);
+  CHECK(extended.tokens[0] == reference(longer, 8).tokens);
+
+  // bf16 snapshots (the default): half the bytes, and a hit all the same.
+  auto f = start();
+  collect(*f->submit(greedy(ids, 4)));
+  CHECK(collect(*f->submit(greedy(ids, 4))).usage.cached_tokens > 0);
+}
+
+TEST_CASE("engine: n choices fork one prefill; a seed reproduces them") {
+  auto e = start();
+  GenerationRequest r = greedy(encode(kPrompts[0]), 20);
+  r.n = 3;
+  r.sampling.temperature = 1.2f;
+  r.sampling.seed = 11;
+  Result const a = collect(*e->submit(r), 3);
+  Result const b = collect(*e->submit(r), 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(a.finish[static_cast<std::size_t>(i)].has_value());
+    CHECK(a.tokens[static_cast<std::size_t>(i)] == b.tokens[static_cast<std::size_t>(i)]);
+  }
+  CHECK((a.tokens[0] != a.tokens[1] || a.tokens[1] != a.tokens[2]));  // different seeds per choice
+  std::int64_t total = 0;
+  for (auto const& t : a.tokens) total += static_cast<std::int64_t>(t.size());
+  CHECK(a.usage.completion_tokens >= total);
+}
+
+TEST_CASE("engine: stop strings and logprobs") {
+  auto e = start();
+  auto const ids = encode(kPrompts[0]);
+  GenerateResult const free_run = reference(ids, 24);
+  REQUIRE(free_run.text.size() > 6);
+  GenerationRequest r = greedy(ids, 24);
+  std::string const stop = free_run.text.substr(4, 3);
+  r.stop = {stop};
+  r.top_logprobs = 3;
+  Result const got = collect(*e->submit(r));
+  CHECK(got.finish[0] == FinishReason::kStopString);
+  CHECK(got.text[0] == free_run.text.substr(0, free_run.text.find(stop)));
+  REQUIRE(got.logprobs[0].size() == got.tokens[0].size());
+  for (std::size_t i = 0; i < got.tokens[0].size(); ++i) {
+    TokenLogprob const& lp = got.logprobs[0][i];
+    CHECK(lp.token == got.tokens[0][i]);
+    REQUIRE(lp.top.size() == 3);
+    CHECK(lp.top[0].first == lp.token);  // greedy picks the most likely
+    CHECK(lp.logprob == doctest::Approx(lp.top[0].second));
+    CHECK(lp.top[0].second >= lp.top[1].second);
+    CHECK(lp.top[1].second >= lp.top[2].second);
+    double mass = 0;
+    for (auto const& [id, l] : lp.top) mass += std::exp(l);
+    CHECK(mass <= 1.0 + 1e-5);
+  }
+}
+
+TEST_CASE("engine: bad requests are refused, a full queue and draining say so") {
+  EngineOptions o;
+  o.max_num_seqs = 1;
+  o.max_queue = 1;
+  auto e = start(o);
+  auto kind_of = [&](GenerationRequest r) {
+    try {
+      e->submit(std::move(r));
+    } catch (RequestError const& err) {
+      return err.kind();
+    }
+    return RequestErrorKind::kInternal;  // accepted
+  };
+  CHECK(kind_of(greedy({}, 4)) == RequestErrorKind::kInvalid);
+  CHECK(kind_of(greedy({1, 99999}, 4)) == RequestErrorKind::kInvalid);
+  CHECK(kind_of(greedy(std::vector<std::int32_t>(1024, 5), 4)) == RequestErrorKind::kInvalid);
+  GenerationRequest bad = greedy({1, 2}, 4);
+  bad.top_logprobs = 21;
+  CHECK(kind_of(bad) == RequestErrorKind::kInvalid);
+  bad = greedy({1, 2}, 4);
+  bad.sampling.top_p = 0;
+  CHECK(kind_of(bad) == RequestErrorKind::kInvalid);
+  test::expect_error([&] { e->submit(greedy({1, 2}, 0)); }, {"max_tokens must be >= 1"});
+
+  // One runs, one waits, the next is refused.
+  auto long_run = greedy(encode(kPrompts[0]), 400);
+  long_run.ignore_eos = true;
+  auto s1 = e->submit(long_run);
+  std::vector<RequestErrorKind> kinds;
+  for (int i = 0; i < 3; ++i) kinds.push_back(kind_of(long_run));
+  CHECK(std::count(kinds.begin(), kinds.end(), RequestErrorKind::kQueueFull) >= 1);
+
+  // Cancelling ends the stream and frees its blocks.
+  s1->cancel();
+  Result const cancelled = collect(*s1);
+  CHECK_FALSE(cancelled.error);
+  e->drain();
+  CHECK(kind_of(greedy({1, 2}, 4)) == RequestErrorKind::kDraining);
+  CHECK(metric(*e, "qflash:kv_cache_blocks{state=\"used\"}") == 0);
+}
+
+TEST_CASE("engine: routing metrics and the router decision log") {
+  std::string const log = "engine_test_router.jsonl";
+  EngineOptions o;
+  o.router_log_path = log;
+  auto e = start(o);
+  Result const got = collect(*e->submit(greedy(encode(kPrompts[1]), 6)));
+  REQUIRE_FALSE(got.error);
+  auto const cfg = e->config();
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    double const h = metric(*e, "qflash:router_entropy{layer=\"" + std::to_string(l) + "\"}");
+    CHECK(h > 0);
+    CHECK(h <= std::log(static_cast<double>(cfg.n_expert)) + 1e-6);
+  }
+  double load = 0;
+  for (int x = 0; x < cfg.n_expert; ++x) load += metric(*e, "qflash:expert_load_total{expert=\"" + std::to_string(x) + "\"}");
+  CHECK(load > 0);
+  CHECK(std::fmod(load, static_cast<double>(cfg.n_expert_used * cfg.n_layer)) == 0);
+  e.reset();  // the log is complete once the engine stops
+  std::ifstream in(log);
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    auto const j = nlohmann::json::parse(line);
+    CHECK(j["experts"].size() == static_cast<std::size_t>(cfg.n_expert_used));
+    CHECK(j["weights"].size() == static_cast<std::size_t>(cfg.n_expert_used));
+    CHECK(j["layer"].get<int>() < cfg.n_layer);
+  }
+  // One line per MoE layer for every decode step: every generated token is fed back but the
+  // last of a run cut by length (an end-of-sequence token is not in tokens).
+  int const fed = static_cast<int>(got.tokens[0].size()) - (got.finish[0] == FinishReason::kLength ? 1 : 0);
+  CHECK(lines == fed * cfg.n_layer);
+  std::remove(log.c_str());
+}

@@ -23,6 +23,7 @@
 #include "bench.hpp"
 #include "budget.hpp"
 #include "kv_option.hpp"
+#include "serve.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/gguf_config.hpp"
 #include "qflash/io/hf_config.hpp"
@@ -536,6 +537,13 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "prefill and decode tok/s like llama-bench, with the decode roofline "
                                             "(bytes per token, read bandwidth measured in the same run)");
   cli::add_bench_options(bench, bench_opts);
+  cli::ServeOptions serve_opts;
+  auto* serve = app.add_subcommand("serve", "serve the model over HTTP: the OpenAI API (/v1/completions, "
+                                            "/v1/chat/completions, /v1/models), /generate, /health, /metrics");
+  add_common(serve, common);
+  cli::add_kv_options(serve, common.kv);
+  cli::add_serve_options(serve, serve_opts);
+
   cli::BudgetOptions budget_opts;
   auto* budget = app.add_subcommand("budget", "plan memory: weights, KV per context, DeltaNet state per sequence, "
                                               "scratch, and how many sequences fit (config.json is enough)");
@@ -597,7 +605,11 @@ int main(int argc, char** argv) {
         throw UsageError("-o/--output: directory '" + printable(dir.string()) + "' does not exist");
     }
 
-    if (*run || *logits || *ppl) cli::check_kv_options(common.kv);
+    if (*run || *logits || *ppl || *serve) cli::check_kv_options(common.kv);
+    if (*serve) {
+      cli::check_serve_options(serve_opts);
+      if (!verbose) logger->set_level(spdlog::level::info);  // one line per request
+    }
 
     if (*run) return cmd_run(common, prompt, gen, ignore_eos);
     if (*inspect) return cmd_inspect(common, verbose, check_weights);
@@ -606,6 +618,18 @@ int main(int argc, char** argv) {
     if (*calibrate) return cmd_calibrate(common, cal);
     if (*bench) return cli::cmd_bench(bench_opts);
     if (*budget) return cli::cmd_budget(budget_opts);
+    if (*serve) {
+      auto const cfg = peek_config(common);
+      require_weights(common.model_dir);
+      return cli::cmd_serve(serve_opts, common.model_dir, cfg, [&] {
+        auto tok = load_tokenizer(common.model_dir, cfg);
+        auto kv = cli::resolve_kv(common.kv, cfg, common.model_dir);
+        apply_threads(common.threads);
+        auto opts = load_options(common);
+        opts.config = cfg;
+        return cli::ServedModel{runtime::load_model(common.model_dir, opts), std::move(tok), std::move(kv)};
+      });
+    }
   } catch (UsageError const& e) {
     std::fprintf(stderr, "qflash: error: %s\n%s\n", printable(e.what()).c_str(), usage_hint.c_str());
     return cli::kExitUsageError;

@@ -557,6 +557,38 @@ PY
     run budget --model "$tiny" -c 0
     expect_rc 2
     ;;
+  serve_flags)  # qflash serve: bad flags exit 2 before the (here broken) weights are read; a load
+                # failure after the port is bound exits 1; a port in use exits 1
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    head -c 100 "$tiny/model.safetensors" > "$tmp/m/model.safetensors"
+    for flags in "--port 70000" "--max-num-seqs 0" "--max-body-bytes lots" "--kv-cache-memory -1" \
+                 "--eviction mru" "--max-n 0" "--max-model-len 100000" "--kv int5" "--http-threads 0" \
+                 "--max-tokens-limit -1" "--log-router-decisions $tmp/no/such/dir/log.jsonl"; do
+      run serve --model "$tmp/m" $flags
+      expect_rc 2
+      grep -q "model.safetensors" "$tmp/err" && fail "$flags: the model was read first"
+      expect_err "^qflash: error: .*"
+    done
+    run serve --model "$tmp/m" --max-body-bytes lots
+    expect_err "error: --max-body-bytes: 'lots' is not a memory size"
+    run serve --model "$tmp/m" --max-model-len 100000
+    expect_err "error: --max-model-len 100000 is above the model's limit of [0-9]+ tokens"
+    run serve --model "$tmp/m" --port 0
+    expect_rc 1
+    expect_err "listening on http://127\.0\.0\.1:[0-9]+ while m loads"
+    expect_err "model.safetensors"
+    [[ -s "$tmp/out" ]] && fail "printed a ready line for a model that did not load"
+    python3 -c 'import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)' \
+      > "$tmp/port" &
+    holder=$!
+    for _ in $(seq 100); do [[ -s "$tmp/port" ]] && break; sleep 0.1; done
+    port=$(cat "$tmp/port")
+    run serve --model "$tiny" --port "$port"
+    kill "$holder"
+    expect_rc 1
+    expect_err "error: cannot listen on 127\.0\.0\.1:$port \(is the port in use"
+    ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "PASS ($case)"

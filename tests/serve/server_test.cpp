@@ -464,8 +464,8 @@ TEST_CASE("server: drain lets running streams finish, refuses new requests, then
   sc.step_delay = 20ms;
   s.engine.set_script(sc);
   auto stream = std::async(std::launch::async, [&] {
-    return s.post("/v1/completions", R"({"prompt": "It was a truth", "max_tokens": 30, "stream": true,
-                                        "ignore_eos": true})");
+    return s.post("/v1/completions", R"({"prompt": "It was a truth", "max_tokens": 100, "stream": true,
+                                        "ignore_eos": true})");  // 2 s, while the checks below run
   });
   REQUIRE(eventually([&] { return s.engine.requests().size() == 1; }));
   auto drained = std::async(std::launch::async, [&] { s.server.drain(); });
@@ -480,7 +480,7 @@ TEST_CASE("server: drain lets running streams finish, refuses new requests, then
   bool done = false;
   auto const ev = sse_events(streamed->body, done);
   CHECK(done);
-  CHECK(ev.size() == 30);
+  CHECK(ev.size() == 100);
   CHECK(drained.wait_for(10s) == std::future_status::ready);
   s.listener.join();  // listen() has returned
   s.listener = std::thread([] {});

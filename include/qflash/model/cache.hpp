@@ -191,13 +191,15 @@ class SequenceState {
     for (auto const& l : linear_) n += l.conv.size() + l.recurrent.size();
     return n;
   }
-  /// fn(data, count) over every linear layer's conv, then recurrent state.
+  /// fn(data, count) over every linear layer's conv, then recurrent state (full-attention
+  /// layers hold none).
   template <class Self, class Fn>
   static void for_each_linear(Self& self, Fn&& fn) {
-    for (auto& l : self.linear_) {
-      fn(l.conv.data(), l.conv.size());
-      fn(l.recurrent.data(), l.recurrent.size());
-    }
+    for (auto& l : self.linear_)
+      if (!l.conv.empty()) {
+        fn(l.conv.data(), l.conv.size());
+        fn(l.recurrent.data(), l.recurrent.size());
+      }
   }
 
   void release_blocks() {

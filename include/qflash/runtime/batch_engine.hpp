@@ -131,8 +131,8 @@ class BatchEngine final : public Engine {
       if (!tok_.has(id) && std::find(cfg_->eos_token_ids.begin(), cfg_->eos_token_ids.end(), id) ==
                                cfg_->eos_token_ids.end())
         untokenizable_.push_back(id);
-    entropy_.resize(cfg_->layer_types.size());
-    expert_load_.assign(static_cast<std::size_t>(cfg_->n_expert), 0);
+    metrics_.router_entropy.resize(cfg_->layer_types.size());
+    metrics_.expert_load.assign(static_cast<std::size_t>(cfg_->n_expert), 0);
     if (!opts_.router_log_path.empty()) {
       router_log_.open(opts_.router_log_path, std::ios::out | std::ios::trunc);
       QFLASH_CHECK(router_log_.good(), opts_.router_log_path, ": cannot open the router decision log for writing");
@@ -232,7 +232,7 @@ class BatchEngine final : public Engine {
                  "gauge");
     for (std::size_t l = 0; l < m.router_entropy.size(); ++l)
       if (cfg_->is_moe_layer(static_cast<int>(l)))
-        prom::sample(out, "qflash:router_entropy", m.router_entropy[l], "layer=\"" + std::to_string(l) + "\"");
+        prom::sample(out, "qflash:router_entropy", m.router_entropy[l].mean(), "layer=\"" + std::to_string(l) + "\"");
     prom::header(out, "qflash:expert_load_total", "Tokens routed to each expert, summed over layers.", "counter");
     for (std::size_t e = 0; e < m.expert_load.size(); ++e)
       prom::sample(out, "qflash:expert_load_total", static_cast<double>(m.expert_load[e]),
@@ -286,7 +286,7 @@ class BatchEngine final : public Engine {
     std::int64_t preemptions = 0, finished = 0;
     std::int64_t prefix_queries = 0, prefix_hits = 0, snapshot_hits = 0, snapshot_bytes = 0;
     detail::WindowMean prefill_window{256}, decode_window{256}, step_tokens{64}, step_seconds{64};
-    std::vector<double> router_entropy;
+    std::vector<detail::WindowMean> router_entropy;  ///< per layer
     std::vector<std::int64_t> expert_load;
   };
 
@@ -739,6 +739,7 @@ class BatchEngine final : public Engine {
   }
 
   void end(Request& r) {
+    update_gauges();  // a reader that sees the stream end sees its blocks back
     r.usage.prompt_tokens = static_cast<std::int64_t>(r.params.prompt.size());
     r.timing.finished = Clock::now();
     if (r.counted_waiting) {
@@ -789,14 +790,13 @@ class BatchEngine final : public Engine {
       metrics_.snapshot_hits = cache_->stats().snapshot_hits;
       metrics_.snapshot_bytes = cache_->stats().snapshot_bytes;
     }
-    metrics_.router_entropy.resize(entropy_.size());
-    for (std::size_t l = 0; l < entropy_.size(); ++l) metrics_.router_entropy[l] = entropy_[l].mean();
-    metrics_.expert_load = expert_load_;
   }
 
   /// Per MoE layer: the routing entropy of every token, the experts' load, and (when asked)
   /// the decode tokens' decisions in the log.
   void observe_routes(model::RouteRecord const& r) {
+    std::unique_lock lock(metrics_mutex_);
+    auto& load = metrics_.expert_load;
     for (std::int64_t t = 0; t < r.n_tokens; ++t) {
       float const* l = r.logits + t * r.logits_stride;
       float const mx = *std::max_element(l, l + r.n_expert);
@@ -806,12 +806,13 @@ class BatchEngine final : public Engine {
         z += p;
         zl += p * x;
       }
-      entropy_[r.layer].add(std::log(z) - zl / z);  // -sum p log p with p = exp(x) / z
+      metrics_.router_entropy[r.layer].add(std::log(z) - zl / z);  // -sum p log p with p = exp(x) / z
       for (int j = 0; j < r.n_expert_used; ++j) {
         std::int32_t const e = r.experts[t * r.n_expert_used + j];
-        if (e >= 0 && static_cast<std::size_t>(e) < expert_load_.size()) ++expert_load_[static_cast<std::size_t>(e)];
+        if (e >= 0 && static_cast<std::size_t>(e) < load.size()) ++load[static_cast<std::size_t>(e)];
       }
     }
+    lock.unlock();
     if (router_log_.is_open() && router_log_bytes_ < opts_.router_log_max_bytes) log_routes(r);
   }
 
@@ -864,8 +865,6 @@ class BatchEngine final : public Engine {
   std::vector<float> logits_, work_, work_logprobs_;
   std::vector<std::int32_t> order_;
   std::vector<int> counts_;
-  std::vector<detail::WindowMean> entropy_;
-  std::vector<std::int64_t> expert_load_;
   std::ofstream router_log_;
   std::int64_t router_log_bytes_ = 0;
 

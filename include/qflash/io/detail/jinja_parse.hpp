@@ -1276,7 +1276,10 @@ class Parser {
 
   std::string dotted_name() {
     std::string name = expect_name();
-    while (skip_op(".")) name += "." + expect_name();
+    while (skip_op(".")) {  // appended in two steps: `"." + s` trips GCC 12's -Wrestrict (PR105329)
+      name += '.';
+      name += expect_name();
+    }
     return name;
   }
 

@@ -145,11 +145,6 @@ class Server {
 
   [[nodiscard]] State state() const { return state_.load(std::memory_order_acquire); }
   [[nodiscard]] HttpMetrics const& metrics() const { return metrics_; }
-  /// The name the served model goes by (after attach()).
-  [[nodiscard]] std::string model_name() const {
-    std::lock_guard lock(mutex_);
-    return context_ ? context_->served_name : opt_.served_model_name;
-  }
 
  private:
   using Clock = std::chrono::steady_clock;

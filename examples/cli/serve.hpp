@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <exception>
@@ -97,9 +98,11 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
                   "largest max_tokens a request may ask for (0: the context)")
       ->check(integer_in(0));
   cmd->add_option("--max-n", s.limits.max_n, "most choices (n) per request")->check(integer_in(1))->capture_default_str();
+  s.http_threads = 0;
   cmd->add_option("--http-threads", s.http_threads,
-                  "connections served at once (a streamed response holds one throughout)")
-      ->check(integer_in(1, 4096))
+                  "connections served at once; a request holds one while it waits and runs (0: --max-num-seqs + "
+                  "--max-queue + 16, so that every request the engine may hold has one and probes still get one)")
+      ->check(integer_in(0, 4096))
       ->capture_default_str();
   cmd->footer(
       "Endpoints: POST /v1/completions, POST /v1/chat/completions (the model's chat template), GET /v1/models, "
@@ -112,6 +115,9 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
 inline void check_serve_options(ServeOptions& o) {
   if (!o.kv_cache_memory.empty()) o.engine.kv_cache_bytes = parse_byte_size(o.kv_cache_memory, "--kv-cache-memory");
   o.server.limits.max_body_bytes = parse_byte_size(o.max_body, "--max-body-bytes");
+  if (o.server.http_threads == 0)
+    o.server.http_threads = static_cast<int>(std::min<long long>(
+        4096, static_cast<long long>(o.engine.max_num_seqs) + o.engine.max_queue + 16));
   o.engine.prefix.enabled = !o.no_prefix_cache;
   o.engine.prefix.eviction = o.eviction == "lru_with_age" ? runtime::EvictionPolicy::kLruWithAge
                                                           : runtime::EvictionPolicy::kLru;

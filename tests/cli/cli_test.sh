@@ -562,7 +562,7 @@ PY
     rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
     head -c 100 "$tiny/model.safetensors" > "$tmp/m/model.safetensors"
     for flags in "--port 70000" "--max-num-seqs 0" "--max-body-bytes lots" "--kv-cache-memory -1" \
-                 "--eviction mru" "--max-n 0" "--max-model-len 100000" "--kv int5" "--http-threads 0" \
+                 "--eviction mru" "--max-n 0" "--max-model-len 100000" "--kv int5" "--http-threads -1" \
                  "--max-tokens-limit -1" "--log-router-decisions $tmp/no/such/dir/log.jsonl"; do
       run serve --model "$tmp/m" $flags
       expect_rc 2

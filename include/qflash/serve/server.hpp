@@ -84,7 +84,9 @@ class Server {
 
   /// Binds the listening socket and returns its port. Throws Error when it cannot.
   int bind() {
-    int const port = opt_.port == 0 ? svr_.bind_to_any_port(opt_.host) : (svr_.bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
+    int const port = opt_.port == 0                              ? svr_.bind_to_any_port(opt_.host)
+                     : svr_.bind_to_port(opt_.host, opt_.port) ? opt_.port
+                                                               : -1;
     QFLASH_CHECK(port > 0, "cannot listen on ", opt_.host, ":", opt_.port,
                  " (is the port in use, or the address not one of this machine's?)");
     return port;

@@ -79,6 +79,9 @@ LOGIT_GAP_MIN = 1e-3
 # the C++ CLI's default prompt first; the others only if a greedy step is a near-tie
 PROMPTS = ["Once upon a time", "It was a fine morning", "My dear Emma", "The next day"]
 SAMPLE = dict(do_sample=True, temperature=0.8, top_p=0.95, max_new_tokens=96)
+# generation_config.json's sampling, what `qflash run` and `qflash serve` use when a request sets
+# none: greedy decoding of a model this small loops on one phrase.
+GENERATION_DEFAULTS = dict(do_sample=True, temperature=0.8, top_p=0.95, repetition_penalty=1.1)
 SAMPLE_SEED = 1811
 MAX_POSITIONS = 1024
 # ChatML with the tokenizer's <|im_start|> / <|im_end|>, so that chat serving has a template to
@@ -409,7 +412,9 @@ def main():
     model.eval()
     model.config.output_router_logits = False  # a training switch; the saved config describes inference
     model.to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    # <|im_end|> ends a chat answer too (the chat template's turns end with it).
+    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=[eos_id, special["<|im_end|>"]],
+                                               pad_token_id=eos_id, **GENERATION_DEFAULTS)
     model.save_pretrained(tmp_dir)
     tensors = {}
     with safe_open(os.path.join(tmp_dir, "model.safetensors"), "pt") as f:
@@ -620,7 +625,7 @@ parameters at about half the total, and the 4096-token vocabulary keeps the lm_h
 
 | file | |
 |---|---|
-| `config.json`, `generation_config.json`, `model.safetensors` | `save_pretrained()` of the model cast to bfloat16. Tensor {s['layout']}; dtypes in the file: {', '.join(s['dtypes'])}; `A_log` is stored as {a_log} ({a_log_note}). `generation_config.json`: bos = eos = pad = {ref['tokenizer']['eos_token_id']} (`<|endoftext|>`). |
+| `config.json`, `generation_config.json`, `model.safetensors` | `save_pretrained()` of the model cast to bfloat16. Tensor {s['layout']}; dtypes in the file: {', '.join(s['dtypes'])}; `A_log` is stored as {a_log} ({a_log_note}). `generation_config.json`: bos = pad = {ref['tokenizer']['eos_token_id']} (`<|endoftext|>`), eos = `<|endoftext|>` and `<|im_end|>`, sampling defaults {', '.join(f'{k} {v}' for k, v in GENERATION_DEFAULTS.items())}. |
 | `tokenizer.json`, `tokenizer_config.json` | the trained tokenizer (`tools/qwen_tokenizer.py`), special tokens {', '.join(f'`{k}` = {v}' for k, v in ref['tokenizer']['special_tokens'].items())} |
 | `chat_template.jinja` | a ChatML chat template (`<|im_start|>role\\ncontent<|im_end|>\\n`, generation prompt `<|im_start|>assistant\\n`) written by the tokenizer's `save_pretrained`; the model was trained on plain text, not on chats |
 | `validation.txt` | the held-out text ({s['val_chars']:,} characters, {s['n_val_tokens']:,} tokens) |

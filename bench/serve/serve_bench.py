@@ -291,12 +291,14 @@ def start_server(args):
     port = free_port()
     cmd = [args.qflash, "serve", "--model", args.model_dir, "--host", "127.0.0.1", "--port", str(port)]
     cmd += args.server_arg
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = open(args.server_log, "w")  # a pipe nobody reads would fill and stop the server
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     import urllib.request
     while time.time() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"serve_bench: the server exited: {proc.stdout.read()[-2000:]}")
+            with open(args.server_log) as f:
+                sys.exit(f"serve_bench: the server exited: {f.read()[-2000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:
@@ -352,6 +354,7 @@ def main():
     ap.add_argument("--qflash", help="the qflash binary: start `qflash serve` on 127.0.0.1 for the run")
     ap.add_argument("--model-dir", "--model-path", dest="model_dir", default=os.path.join(ROOT, "models", "qwen3_5_moe-micro"))
     ap.add_argument("--server-arg", action="append", default=[], help="an extra argument for `qflash serve` (repeatable)")
+    ap.add_argument("--server-log", default="serve_bench_server.log", help="where the started server's output goes")
     ap.add_argument("--model", default="default", help="the request's model field")
     ap.add_argument("--api-key", default=os.environ.get("QFLASH_API_KEY"))
     ap.add_argument("--scenario", default="all", choices=["all"] + list(SCENARIOS))

@@ -21,8 +21,10 @@
 
 #include "args.hpp"
 #include "bench.hpp"
+#include "chat.hpp"
 #include "budget.hpp"
 #include "kv_option.hpp"
+#include "sampling_option.hpp"
 #include "serve.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/gguf_config.hpp"
@@ -239,8 +241,10 @@ int cmd_inspect(CommonOptions const& o, bool verbose, bool check_weights) {
   return cli::kExitOk;
 }
 
-int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::GenerateOptions gen, bool ignore_eos) {
+int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::GenerateOptions gen,
+            cli::SamplingOptions const& sampling, bool ignore_eos) {
   auto const cfg = peek_config(o);
+  gen.sampling = cli::resolve_sampling(sampling, cfg);
   if (!ignore_eos) gen.eos_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
   if (gen.max_context > cfg.max_position_embeddings)
     throw UsageError("-c/--ctx-size " + std::to_string(gen.max_context) + " is above the model's limit of " +
@@ -271,6 +275,26 @@ int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::Generate
                  std::string(runtime::to_string(res.finish)).c_str());
   });
   return cli::kExitOk;
+}
+
+/// `qflash chat`: the batch engine with one sequence, the model's chat template, the terminal.
+int cmd_chat(CommonOptions const& o, cli::SamplingOptions const& sampling_flags, cli::ChatOptions const& c) {
+  auto const cfg = peek_config(o);
+  auto const sampling = cli::resolve_sampling(sampling_flags, cfg);
+  require_weights(o.model_dir);
+  auto tok = load_tokenizer(o.model_dir, cfg);
+  auto const chat_template = cli::load_chat_template(o.model_dir, tok, cfg);
+  QFLASH_CHECK(chat_template, o.model_dir, ": the model has no chat template (chat_template.jinja, tokenizer_config.json's "
+               "chat_template or a GGUF file's tokenizer.chat_template); 'qflash run' generates from plain text");
+  runtime::EngineOptions eo;
+  eo.max_num_seqs = 1;
+  eo.kv = cli::resolve_kv(o.kv, cfg, o.model_dir);
+  apply_threads(o.threads);
+  auto opts = load_options(o);
+  opts.config = cfg;
+  auto engine = runtime::make_engine(runtime::load_model(o.model_dir, opts), std::move(tok), eo,
+                                     cli::model_name_of(o.model_dir));
+  return cli::run_chat(*engine, *chat_template, sampling, c, std::cin);
 }
 
 int cmd_logits(CommonOptions const& o, std::vector<std::int32_t> const& ids, std::string const& output,
@@ -446,7 +470,6 @@ int main(int argc, char** argv) {
   CommonOptions common;
   std::string prompt = "Once upon a time", prompt_file;
   std::vector<std::string> stop;
-  long long seed = -1;
   bool ignore_eos = false;
   runtime::GenerateOptions gen;
   auto* run = app.add_subcommand("run", "generate text from a prompt, streaming it");
@@ -458,24 +481,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("-c,--ctx-size", gen.max_context, "prompt + generated tokens at most (0: the model's max positions)")
       ->check(cli::integer_in(0));
-  run->add_option("--temperature,--temp", gen.sampling.temperature, "sampling temperature (0: greedy)")
-      ->check(cli::number_in(0, INFINITY))
-      ->capture_default_str();
-  run->add_option("--top-k", gen.sampling.top_k, "keep the k most likely tokens (0: off)")
-      ->check(cli::integer_in(0))
-      ->capture_default_str();
-  run->add_option("--top-p", gen.sampling.top_p, "nucleus sampling mass (1: off)")
-      ->check(cli::number_in(0, 1, /*lo_open=*/true))
-      ->capture_default_str();
-  run->add_option("--min-p", gen.sampling.min_p, "drop tokens below min-p x the top probability (0: off)")
-      ->check(cli::number_in(0, 1))
-      ->capture_default_str();
-  run->add_option("--repetition-penalty,--repeat-penalty", gen.sampling.repetition_penalty,
-                  "penalty for tokens already seen (1: off)")
-      ->check(cli::number_in(0, INFINITY, /*lo_open=*/true))
-      ->capture_default_str();
-  run->add_option("-s,--seed", seed, "random seed (-1: a random one, logged with -v)")
-      ->check(cli::integer_in(-1, std::numeric_limits<long long>::max()));
+  cli::SamplingOptions sampling;
+  cli::add_sampling_options(run, sampling);
   run->add_option("--stop", stop, "stop string, with \\n-style escapes (repeatable)");
   run->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   cli::add_kv_options(run, common.kv);
@@ -544,6 +551,18 @@ int main(int argc, char** argv) {
   cli::add_kv_options(serve, common.kv);
   cli::add_serve_options(serve, serve_opts);
 
+  cli::ChatOptions chat_opts;
+  cli::SamplingOptions chat_sampling;
+  auto* chat = app.add_subcommand("chat", "talk with the model on the terminal through its chat template "
+                                          "(/reset starts over, /exit quits)");
+  add_common(chat, common);
+  cli::add_kv_options(chat, common.kv);
+  cli::add_sampling_options(chat, chat_sampling);
+  chat->add_option("--system", chat_opts.system, "a system message that starts the conversation");
+  chat->add_option("-n,--max-tokens", chat_opts.max_tokens, "tokens per answer at most")
+      ->check(cli::integer_in(1))
+      ->capture_default_str();
+
   cli::BudgetOptions budget_opts;
   auto* budget = app.add_subcommand("budget", "plan memory: weights, KV per context, DeltaNet state per sequence, "
                                               "scratch, and how many sequences fit (config.json is enough)");
@@ -578,13 +597,6 @@ int main(int argc, char** argv) {
       if (prompt.empty()) throw UsageError("the prompt is empty");
       for (auto& s : stop) gen.stop.push_back(cli::unescape(s, "--stop"));
       if (gen.max_tokens < 0) gen.max_tokens = std::numeric_limits<int>::max();
-      gen.sampling.seed = seed >= 0 ? static_cast<std::uint64_t>(seed) : std::random_device{}();
-      QFLASH_LOG_INFO("seed ", gen.sampling.seed);
-      try {
-        runtime::validate(gen.sampling);
-      } catch (Error const& e) {
-        throw UsageError(e.what());
-      }
     }
     std::vector<std::int32_t> ids;
     if (*logits) {
@@ -605,19 +617,20 @@ int main(int argc, char** argv) {
         throw UsageError("-o/--output: directory '" + printable(dir.string()) + "' does not exist");
     }
 
-    if (*run || *logits || *ppl || *serve) cli::check_kv_options(common.kv);
+    if (*run || *logits || *ppl || *serve || *chat) cli::check_kv_options(common.kv);
     if (*serve) {
       cli::check_serve_options(serve_opts);
       if (!verbose) logger->set_level(spdlog::level::info);  // one line per request
     }
 
-    if (*run) return cmd_run(common, prompt, gen, ignore_eos);
+    if (*run) return cmd_run(common, prompt, gen, sampling, ignore_eos);
     if (*inspect) return cmd_inspect(common, verbose, check_weights);
     if (*logits) return cmd_logits(common, ids, output, incremental);
     if (*ppl) return cmd_perplexity(common, text_path, context);
     if (*calibrate) return cmd_calibrate(common, cal);
     if (*bench) return cli::cmd_bench(bench_opts);
     if (*budget) return cli::cmd_budget(budget_opts);
+    if (*chat) return cmd_chat(common, chat_sampling, chat_opts);
     if (*serve) {
       auto const cfg = peek_config(common);
       require_weights(common.model_dir);

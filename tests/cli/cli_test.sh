@@ -341,13 +341,13 @@ PY
     expect_err "error: -ngl: qflash does not split layers between CPU and GPU.*--device"
     run frobnicate --model "$tiny"
     expect_rc 2
-    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, calibrate, bench, budget\)"
+    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, calibrate, bench, serve, chat, budget\)"
     run --version
     expect_rc 0
     expect_out "^qflash [0-9]+\.[0-9]+\.[0-9]+"
     run run --model "$tiny" -n 2 --temp 1 -v  # -v after the command; random seed logged
     expect_rc 0
-    expect_err "info: seed [0-9]+"
+    expect_err "info: sampling: temperature 1, .*, seed [0-9]+"
     expect_err "info: threads: [0-9]+ \([0-9]+ physical cores"
     ;;
   stop_escapes)  # --stop "\n" is a newline; the stop string itself is not printed
@@ -588,6 +588,37 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()
     kill "$holder"
     expect_rc 1
     expect_err "error: cannot listen on 127\.0\.0\.1:$port \(is the port in use"
+    ;;
+  chat)  # qflash chat: lines in, answers out; /reset forgets; the second turn reuses the first's KV
+    micro=$(dirname "$fixtures")/../models/qwen3_5_moe-micro
+    printf 'Hello\nHow are you?\n/reset\nHello\n' | "$qflash" chat --model "$micro" --temp 0 -n 12 -v \
+      >"$tmp/out" 2>"$tmp/err"
+    echo $? >"$tmp/rc"
+    expect_rc 0
+    [[ $(wc -l < "$tmp/out") -ge 3 ]] || fail "expected three answers"
+    first=$(sed -n 1p "$tmp/out") third=$(tail -n 1 "$tmp/out")
+    [[ -n "$first" && "$first" == "$third" ]] || fail "after /reset, 'Hello' should get the first answer again"
+    expect_err "sampling: temperature 0,"
+    printf 'Hi\n' | "$qflash" chat --model "$micro" -n 4 -v >"$tmp/out" 2>"$tmp/err"
+    expect_err "sampling: temperature 0\.8, top-k 0, top-p 0\.95, min-p 0, repetition penalty 1\.1"
+    run chat --model "$tiny" </dev/null  # the tiny fixture has no chat template
+    expect_rc 1
+    expect_err "has no chat template"
+    run chat --model "$tiny" --top-p 2
+    expect_rc 2
+    ;;
+  run_generation_defaults)  # run samples with generation_config.json's settings unless a flag says otherwise
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"; rm -f "$tmp/m/SHA256SUMS"
+    printf '{"do_sample": true, "temperature": 0.7, "top_k": 20, "eos_token_id": 0}\n' > "$tmp/m/generation_config.json"
+    run run --model "$tmp/m" -p Hello -n 2 -v
+    expect_rc 0
+    expect_err "sampling: temperature 0\.7, top-k 20, top-p 1,"
+    run run --model "$tmp/m" -p Hello -n 2 -v --temp 0
+    expect_err "sampling: temperature 0, top-k 20,"
+    printf '{"do_sample": true, "top_p": 1.5}\n' > "$tmp/m/generation_config.json"
+    run run --model "$tmp/m" -p Hello -n 2
+    expect_rc 1
+    expect_err "generation_config.json: field 'top_p' must be a number in \(0, 1\]"
     ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac

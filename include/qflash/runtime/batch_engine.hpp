@@ -47,20 +47,6 @@
 
 namespace qflash::runtime {
 
-/// The sampling a request gets when it sets none: generation_config.json's, greedy when it
-/// does not ask to sample (as transformers does).
-inline SamplingParams default_sampling(model::ModelConfig const& cfg) {
-  SamplingParams p;
-  auto const& g = cfg.generation;
-  if (!g.do_sample.value_or(false)) return p;
-  p.temperature = g.temperature.value_or(1.0f);
-  p.top_k = g.top_k.value_or(0);
-  p.top_p = g.top_p.value_or(1.0f);
-  p.min_p = g.min_p.value_or(0.0f);
-  p.repetition_penalty = g.repetition_penalty.value_or(1.0f);
-  return p;
-}
-
 namespace detail {
 
 /// Mean of the last `capacity` observations.

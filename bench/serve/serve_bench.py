@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -247,7 +248,6 @@ async def scenario_tail(args, corpus):
 
 def scrape(url, name):
     """A gauge or counter from /metrics (sum over its label sets), or None."""
-    import urllib.request
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=30) as r:
         text = r.read().decode()
     vals = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
@@ -294,7 +294,6 @@ def start_server(args):
     log = open(args.server_log, "w")  # a pipe nobody reads would fill and stop the server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
-    import urllib.request
     while time.time() < deadline:
         if proc.poll() is not None:
             with open(args.server_log) as f:
@@ -333,7 +332,8 @@ def plot(results, path):
         axes[0].set_xscale("log", base=2)
         axes[0].set_xlabel("concurrent streams")
         axes[0].set_ylabel("tok/s")
-        axes[0].set_title("throughput")
+        axes[0].set_ylim(bottom=0)
+        axes[0].set_title("aggregate output tok/s")
         axes[1].plot(c, [r["itl_p50_ms"] for r in sweep], "o-", label="ITL p50")
         axes[1].plot(c, [r["itl_p99_ms"] for r in sweep], "o-", label="ITL p99")
         axes[1].plot(c, [r["ttft_p99_ms"] for r in sweep], "o-", label="TTFT p99")
@@ -355,13 +355,14 @@ def main():
     ap.add_argument("--model-dir", "--model-path", dest="model_dir", default=os.path.join(ROOT, "models", "qwen3_5_moe-micro"))
     ap.add_argument("--server-arg", action="append", default=[], help="an extra argument for `qflash serve` (repeatable)")
     ap.add_argument("--server-log", default="serve_bench_server.log", help="where the started server's output goes")
-    ap.add_argument("--model", default="default", help="the request's model field")
+    ap.add_argument("--model", help="the request's model field (default: the first of the server's /v1/models)")
     ap.add_argument("--api-key", default=os.environ.get("QFLASH_API_KEY"))
     ap.add_argument("--scenario", default="all", choices=["all"] + list(SCENARIOS))
     ap.add_argument("--concurrency", default="1,4,16,64", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--requests", type=int, default=32, help="requests per run (sweep: at least 2 per stream)")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--long-prompt-tokens", type=int, default=900, help="tail: the long prompts' size (~tokens)")
+    ap.add_argument("--long-prompt-tokens", type=int, default=700,
+                    help="tail: the long prompts' size (~tokens; the embedded model's context is 1024)")
     ap.add_argument("--system-prompt-tokens", type=int, default=300)
     ap.add_argument("--user-turn-tokens", type=int, default=32)
     ap.add_argument("--jitter-seconds", type=float, default=30)
@@ -381,6 +382,12 @@ def main():
     if args.qflash:
         proc, args.url = start_server(args)
     try:
+        if not args.model:
+            req = urllib.request.Request(args.url.rstrip("/") + "/v1/models")
+            if args.api_key:
+                req.add_header("Authorization", f"Bearer {args.api_key}")
+            with urllib.request.urlopen(req, timeout=30) as r:
+                args.model = json.load(r)["data"][0]["id"]
         corpus = Corpus(CORPUS, args.seed)
         names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
         results = {"title": f"qflash serve, {os.path.basename(args.model_dir)}", "max_tokens": args.max_tokens}

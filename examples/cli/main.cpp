@@ -22,6 +22,7 @@
 #include "args.hpp"
 #include "bench.hpp"
 #include "chat.hpp"
+#include "flash_config.hpp"
 #include "budget.hpp"
 #include "kv_option.hpp"
 #include "sampling_option.hpp"
@@ -619,8 +620,9 @@ int main(int argc, char** argv) {
 
     if (*run || *logits || *ppl || *serve || *chat) cli::check_kv_options(common.kv);
     if (*serve) {
-      cli::check_serve_options(serve_opts);
       if (!verbose) logger->set_level(spdlog::level::info);  // one line per request
+      cli::check_serve_options(serve_opts);
+      cli::apply_flash_config(serve_opts.flash_config, common.model_dir, *serve, serve_opts, common.kv);
     }
 
     if (*run) return cmd_run(common, prompt, gen, sampling, ignore_eos);

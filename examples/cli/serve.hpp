@@ -44,7 +44,15 @@ struct ServeOptions {
   std::string max_body = "4MiB";
   std::string eviction = "lru";
   bool no_prefix_cache = false;
+  std::string flash_config;    ///< --flash-config (empty: flash_config.json beside the model, if any)
+  bool kernel_fallback = true; ///< flash_config.json's flash_kernel_fallback: false refuses the generic instance
 };
+
+/// Connections served at once when --http-threads is not given: one for every request the
+/// engine may hold (running or queued), and some for probes.
+inline int default_http_threads(runtime::EngineOptions const& e) {
+  return static_cast<int>(std::min<long long>(4096, static_cast<long long>(e.max_num_seqs) + e.max_queue + 16));
+}
 
 /// What main.cpp's common flags load: the model, its tokenizer and the KV formats.
 struct ServedModel {
@@ -104,6 +112,9 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
                   "--max-queue + 16, so that every request the engine may hold has one and probes still get one)")
       ->check(integer_in(0, 4096))
       ->capture_default_str();
+  cmd->add_option("--flash-config", o.flash_config,
+                  "settings in a JSON file (default: flash_config.json beside the model, if any); flags win over it")
+      ->check(CLI::ExistingFile);
   cmd->footer(
       "Endpoints: POST /v1/completions, POST /v1/chat/completions (the model's chat template), GET /v1/models, "
       "POST /generate ({prompt, max_tokens, temperature, ...} -> {text, finish_reason, usage, flash_used}), "
@@ -115,9 +126,7 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
 inline void check_serve_options(ServeOptions& o) {
   if (!o.kv_cache_memory.empty()) o.engine.kv_cache_bytes = parse_byte_size(o.kv_cache_memory, "--kv-cache-memory");
   o.server.limits.max_body_bytes = parse_byte_size(o.max_body, "--max-body-bytes");
-  if (o.server.http_threads == 0)
-    o.server.http_threads = static_cast<int>(std::min<long long>(
-        4096, static_cast<long long>(o.engine.max_num_seqs) + o.engine.max_queue + 16));
+  if (o.server.http_threads == 0) o.server.http_threads = default_http_threads(o.engine);
   o.engine.prefix.enabled = !o.no_prefix_cache;
   o.engine.prefix.eviction = o.eviction == "lru_with_age" ? runtime::EvictionPolicy::kLruWithAge
                                                           : runtime::EvictionPolicy::kLru;
@@ -240,6 +249,8 @@ inline int cmd_serve(ServeOptions o, std::string const& path, model::ModelConfig
   o.engine.kv = std::move(m.kv);
   engine = runtime::make_engine(std::move(m.model), std::move(m.tokenizer), o.engine, name);
   runtime::EngineInfo const info = engine->info();
+  QFLASH_CHECK(info.specialised || o.kernel_fallback, "flash_kernel_fallback is false, but no specialised instance "
+               "runs this model: the ", info.spec, " one would (add its spec to QFLASH_SPECS and rebuild)");
   QFLASH_LOG_INFO("engine: spec ", info.spec, info.specialised ? "" : " (generic)", ", context ", info.max_context,
                   " tokens, prefix cache ", info.prefix_cache ? "on" : "off", ", compressed KV ",
                   info.compressed_kv ? "yes" : "no", ", flash_used ", runtime::flash_used(info) ? "true" : "false");

@@ -607,6 +607,37 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()
     run chat --model "$tiny" --top-p 2
     expect_rc 2
     ;;
+  serve_flash_config)  # flash_config.json beside the model: its settings unless a flag says otherwise
+    micro=$(dirname "$fixtures")/../models/qwen3_5_moe-micro
+    rm -rf "$tmp/m"; cp -r "$micro" "$tmp/m"; rm -f "$tmp/m/SHA256SUMS"
+    printf '{"enable_prefix_caching": false, "max_num_seqs": 3, "kv_cache_dtype": "int6"}\n' > "$tmp/m/flash_config.json"
+    "$qflash" serve --model "$tmp/m" --port 0 >"$tmp/out" 2>"$tmp/err" & pid=$!
+    for _ in $(seq 150); do grep -q "^serving" "$tmp/out" && break; sleep 0.1; done
+    kill -TERM "$pid"; wait "$pid"; echo $? >"$tmp/rc"
+    expect_rc 0
+    expect_err "settings from .*flash_config\.json \(command-line flags win\)"
+    expect_err "prefix cache off, compressed KV yes"
+    "$qflash" serve --model "$tmp/m" --port 0 --kv f32 >"$tmp/out" 2>"$tmp/err" & pid=$!
+    for _ in $(seq 150); do grep -q "^serving" "$tmp/out" && break; sleep 0.1; done
+    kill -TERM "$pid"; wait "$pid"
+    expect_err "compressed KV no"
+    for bad in '{"frobnicate": 1}|unknown key .frobnicate. \(known: max_num_seqs' \
+               '{"max_num_seqs": "many"}|field .max_num_seqs. must be an integer >= 1' \
+               '{"kv_cache_dtype": "int5"}|field .kv_cache_dtype.' \
+               '{"kv_cache_eviction_policy": "mru"}|field .kv_cache_eviction_policy. must be "lru" or "lru_with_age"' \
+               '{"kv_cache_dtype": "int6", "kv_compression_map": "m.json"}|exclude each other' \
+               '[1]|the top level must be a JSON object'; do
+      printf '%s\n' "${bad%%|*}" > "$tmp/m/flash_config.json"
+      run serve --model "$tmp/m" --port 0
+      expect_rc 1
+      expect_err "flash_config\.json: .*${bad#*|}"
+    done
+    rm "$tmp/m/flash_config.json"
+    printf '{"flash_kernel_fallback": false}\n' > "$tmp/fc.json"
+    run serve --model "$fixtures/qwen3_moe_tiny" --port 0 --flash-config "$tmp/fc.json"
+    expect_rc 1
+    expect_err "flash_kernel_fallback is false, but no specialised instance runs this model"
+    ;;
   run_generation_defaults)  # run samples with generation_config.json's settings unless a flag says otherwise
     rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"; rm -f "$tmp/m/SHA256SUMS"
     printf '{"do_sample": true, "temperature": 0.7, "top_k": 20, "eos_token_id": 0}\n' > "$tmp/m/generation_config.json"

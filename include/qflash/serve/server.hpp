@@ -272,7 +272,9 @@ class Server {
 
   void routes() {
     svr_.new_task_queue = [n = opt_.http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
-    svr_.set_payload_max_length(static_cast<std::size_t>(opt_.limits.max_body_bytes));
+    // httplib refuses a larger Content-Length before reading anything; read_body refuses at the
+    // limit itself and drains up to kDrainBytes more, so that the client reads the 413.
+    svr_.set_payload_max_length(static_cast<std::size_t>(opt_.limits.max_body_bytes) + kDrainBytes);
     svr_.set_pre_routing_handler([this](httplib::Request const& req, httplib::Response& res) {
       return pre_route(req, res) ? httplib::Server::HandlerResponse::Handled
                                  : httplib::Server::HandlerResponse::Unhandled;
@@ -364,25 +366,32 @@ class Server {
     return *context_;
   }
 
+  /// Bytes past max_body_bytes read and dropped before a 413, so that a client still sending its
+  /// body reads the answer instead of a reset connection; beyond them the connection closes.
+  static constexpr std::size_t kDrainBytes = std::size_t{16} << 20;
+
   /// The body, at most max_body_bytes whatever its transfer encoding (413 beyond).
   std::string read_body(httplib::ContentReader const& reader, httplib::Response& res) const {
     auto const limit = static_cast<std::size_t>(opt_.limits.max_body_bytes);
     std::string body;
     bool too_large = false;
+    std::size_t seen = 0;
     bool const ok = reader([&](char const* data, std::size_t n) {
-      if (n > limit - body.size()) {
-        too_large = true;
-        return false;
+      seen += n;
+      if (!too_large && n <= limit - body.size()) {
+        body.append(data, n);
+        return true;
       }
-      body.append(data, n);
-      return true;
+      too_large = true;
+      body.clear();
+      return seen <= limit + kDrainBytes;  // drop the rest, within bounds
     });
-    if (ok) return body;
-    res.set_header("Connection", "close");  // the rest of the body was not read
+    if (!ok) res.set_header("Connection", "close");  // the rest of the body was not read
     if (too_large || res.status == 413)
       QFLASH_API_FAIL(413, "", "request_too_large", "the request body is larger than this server's limit of ", limit,
                       " bytes");
-    QFLASH_API_FAIL(400, "", "", "the request body could not be read");
+    if (!ok) QFLASH_API_FAIL(400, "", "", "the request body could not be read");
+    return body;
   }
 
   std::string new_id(std::string_view prefix) {

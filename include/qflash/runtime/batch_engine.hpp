@@ -237,7 +237,7 @@ class BatchEngine final : public Engine {
     std::vector<std::unique_ptr<Sequence>> choices;
     int open = 0;            ///< choices not finished
     bool forked = false;     ///< choices 1..n-1 exist
-    bool counted_waiting = true;
+    bool counted_waiting = true;  ///< counts against max_queue (leave_queue)
   };
 
   struct Sequence {
@@ -524,11 +524,7 @@ class BatchEngine final : public Engine {
     s.state->reserve(s.computed + n);
     Request& r = *s.req;
     auto const now = Clock::now();
-    if (r.counted_waiting) {
-      r.counted_waiting = false;
-      std::lock_guard lock(mutex_);
-      --waiting_requests_;
-    }
+    leave_queue(r);
     std::lock_guard lock(metrics_mutex_);
     if (r.timing.scheduled == RequestTiming::time_point{}) {
       r.timing.scheduled = now;
@@ -728,11 +724,7 @@ class BatchEngine final : public Engine {
     update_gauges();  // a reader that sees the stream end sees its blocks back
     r.usage.prompt_tokens = static_cast<std::int64_t>(r.params.prompt.size());
     r.timing.finished = Clock::now();
-    if (r.counted_waiting) {
-      r.counted_waiting = false;
-      std::lock_guard lock(mutex_);
-      --waiting_requests_;
-    }
+    leave_queue(r);
     {
       std::lock_guard lock(metrics_mutex_);
       metrics_.prompt_tokens += r.usage.prompt_tokens;
@@ -748,13 +740,17 @@ class BatchEngine final : public Engine {
     for (auto& s : r.choices)
       if (!s->done) retire(*s);
     r.open = 0;
-    if (r.counted_waiting) {
-      r.counted_waiting = false;
-      std::lock_guard lock(mutex_);
-      --waiting_requests_;
-    }
+    leave_queue(r);
     r.timing.finished = Clock::now();
     r.stream->fail(message, r.usage, r.timing);
+  }
+
+  /// r no longer counts against max_queue (it runs, or it ended while waiting).
+  void leave_queue(Request& r) {
+    if (!r.counted_waiting) return;
+    r.counted_waiting = false;
+    std::lock_guard lock(mutex_);
+    --waiting_requests_;
   }
 
   /// Forgets requests whose streams have ended.

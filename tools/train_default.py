@@ -49,9 +49,10 @@ import safetensors  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen3_5MoeForCausalLM,  # noqa: E402
-                          Qwen3_5MoeTextConfig)
+                          Qwen3_5MoeTextConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = os.path.join(HERE, "..", "models")
 sys.path.insert(0, HERE)
 import austen_corpus  # noqa: E402
 import qwen_tokenizer  # noqa: E402
@@ -78,7 +79,8 @@ GREEDY_NEW_TOKENS = 32
 LOGIT_GAP_MIN = 1e-3
 # the C++ CLI's default prompt first; the others only if a greedy step is a near-tie
 PROMPTS = ["Once upon a time", "It was a fine morning", "My dear Emma", "The next day"]
-SAMPLE = dict(do_sample=True, temperature=0.8, top_p=0.95, max_new_tokens=96)
+# repetition_penalty explicit: generate() would otherwise take generation_config.json's
+SAMPLE = dict(do_sample=True, temperature=0.8, top_p=0.95, repetition_penalty=1.0, max_new_tokens=96)
 # generation_config.json's sampling, what `qflash run` and `qflash serve` use when a request sets
 # none: greedy decoding of a model this small loops on one phrase.
 GENERATION_DEFAULTS = dict(do_sample=True, temperature=0.8, top_p=0.95, repetition_penalty=1.1)
@@ -94,7 +96,7 @@ CHAT_TEMPLATE = ("{%- for message in messages %}\n"
                  "{%- endif %}\n")
 
 
-def model_config(vocab_size, eos_id):
+def qwen3_5_moe_config(vocab_size, eos_id):
     """8 layers in the 3:1 pattern of the real model (lin,lin,lin,full x2), 16 experts top-2 + shared expert.
     Sized so that BF16 weights stay ~13.5 MB and one 2048-token step takes a few seconds on 2 cores."""
     return Qwen3_5MoeTextConfig(
@@ -129,6 +131,53 @@ def model_config(vocab_size, eos_id):
         pad_token_id=eos_id,
     )
 
+
+
+def qwen3_moe_config(vocab_size, eos_id):
+    """8 layers of plain GQA attention (8 query heads, 4 KV heads of 64: 32 KV heads in all, for KV
+    calibration), 16 experts top-4 with no shared expert. Sized so that BF16 weights stay ~14 MB."""
+    return Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=192,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=40,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        initializer_range=0.02,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        output_router_logits=True,
+        router_aux_loss_coef=ROUTER_AUX_COEF,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+
+
+class Arch:
+    """What differs between the models this script trains."""
+
+    def __init__(self, name, model_type, config, cls, tokenizer_from=None):
+        self.name, self.model_type, self.config, self.cls = name, model_type, config, cls
+        self.tokenizer_from = tokenizer_from  # a model dir whose tokenizer.json is reused, else one is trained
+
+
+ARCHS = {
+    "qwen3_5_moe": Arch("qwen3_5_moe-micro", "qwen3_5_moe_text", qwen3_5_moe_config, Qwen3_5MoeForCausalLM),
+    # same corpus and tokenizer as the default model
+    "qwen3_moe": Arch("qwen3_moe-micro", "qwen3_moe", qwen3_moe_config, Qwen3MoeForCausalLM,
+                      tokenizer_from="qwen3_5_moe-micro"),
+}
+ARCH = ARCHS["qwen3_5_moe"]
 
 # ----------------------------------------------------------------------------- helpers
 class Tee:
@@ -276,13 +325,16 @@ def plot_losses(path, train_steps, train_loss, eval_steps, eval_loss, title):
 
 # ----------------------------------------------------------------------------- main
 def main():
-    global STEPS
+    global STEPS, ARCH
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "models", "qwen3_5_moe-micro"))
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen3_5_moe",
+                    help="qwen3_5_moe: the default model; qwen3_moe: the KV calibration model (default qwen3_5_moe)")
+    ap.add_argument("--out", help="output directory (default models/<model name>)")
     ap.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS})")
     args = ap.parse_args()
     STEPS = args.steps
-    out_dir = os.path.abspath(args.out)
+    ARCH = ARCHS[args.arch]
+    out_dir = os.path.abspath(args.out or os.path.join(MODELS, ARCH.name))
     tmp_dir = out_dir + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     os.makedirs(tmp_dir)
@@ -319,7 +371,11 @@ def main():
 
     # ---- 2. tokenizer
     t0 = time.time()
-    tok = qwen_tokenizer.train_tokenizer(train_texts, VOCAB_MERGES)
+    if ARCH.tokenizer_from:
+        tok = tokenizers.Tokenizer.from_file(os.path.join(MODELS, ARCH.tokenizer_from, "tokenizer.json"))
+        log(f"tokenizer: models/{ARCH.tokenizer_from}/tokenizer.json")
+    else:
+        tok = qwen_tokenizer.train_tokenizer(train_texts, VOCAB_MERGES)
     vocab_size = tok.get_vocab_size()
     eos_id = tok.token_to_id("<|endoftext|>")
     special = {t: tok.token_to_id(t) for t in qwen_tokenizer.SPECIAL_TOKENS}
@@ -334,15 +390,15 @@ def main():
         stream += tok.encode(t, add_special_tokens=False).ids + [eos_id]
     train_ids = torch.tensor(stream, dtype=torch.long)
     val_ids = tok.encode(val_text, add_special_tokens=False).ids
-    log(f"tokenizer: vocab {vocab_size} (special {special}), trained in {time.time() - t0:.1f}s; "
+    log(f"tokenizer: vocab {vocab_size} (special {special}), {'loaded' if ARCH.tokenizer_from else 'trained'} in {time.time() - t0:.1f}s; "
         f"train {len(train_ids)} tokens ({n_train_chars / len(train_ids):.2f} chars/token), "
         f"validation {len(val_ids)} tokens")
 
     # ---- 3. model + training
-    cfg = model_config(vocab_size, eos_id)
+    cfg = ARCH.config(vocab_size, eos_id)
     cfg._attn_implementation = "eager"
     torch.manual_seed(SEED)
-    model = Qwen3_5MoeForCausalLM(cfg).float()
+    model = ARCH.cls(cfg).float()
     model.config._attn_implementation = "eager"
     counts = param_counts(model)
     log(f"model: {json.dumps(counts)}")
@@ -430,7 +486,7 @@ def main():
     log(f"tensor layout: {layout}")
 
     # ---- 5. reference, from the saved checkpoint
-    ref_model = Qwen3_5MoeForCausalLM.from_pretrained(tmp_dir, dtype=torch.float32,
+    ref_model = ARCH.cls.from_pretrained(tmp_dir, dtype=torch.float32,
                                                       attn_implementation="eager").eval()
     sd_saved = model.state_dict()
     for k, v in ref_model.state_dict().items():
@@ -454,7 +510,7 @@ def main():
         x = torch.tensor([ids])
         with torch.no_grad():
             g = ref_model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
-                                   max_new_tokens=GREEDY_NEW_TOKENS, use_cache=True, output_logits=True,
+                                   repetition_penalty=1.0, max_new_tokens=GREEDY_NEW_TOKENS, use_cache=True, output_logits=True,
                                    return_dict_in_generate=True, pad_token_id=eos_id)
         new = g.sequences[0, len(ids):].tolist()
         gaps = [(lambda t: (t[0] - t[1]).item())(sl[0].float().topk(2).values) for sl in g.logits]
@@ -492,7 +548,7 @@ def main():
         "format_version": 1,
         "generator": "tools/train_default.py",
         "versions": versions(),
-        "compute": {"what": "transformers Qwen3_5MoeForCausalLM.from_pretrained(this dir, dtype=torch.float32, "
+        "compute": {"what": f"transformers {ARCH.cls.__name__}.from_pretrained(this dir, dtype=torch.float32, "
                             "attn_implementation='eager'): the BF16 weights upcast to fp32, fp32 compute, CPU, batch 1",
                     "torch_num_threads": torch.get_num_threads()},
         "tokenizer": {"file": "tokenizer.json", "vocab_size": vocab_size, "special_tokens": special,
@@ -519,7 +575,7 @@ def main():
                    "shape": list(logits.shape),
                    "meaning": "full forward of prompt_ids (no cache): row t = logits for the token after prompt_ids[t]"},
         "greedy": {
-            "call": (f"model.generate(prompt_ids, attention_mask=ones, do_sample=False, "
+            "call": (f"model.generate(prompt_ids, attention_mask=ones, do_sample=False, repetition_penalty=1.0, "
                      f"max_new_tokens={GREEDY_NEW_TOKENS}, use_cache=True)"),
             "new_tokens": chosen["new"],
             "text": greedy_text,
@@ -542,7 +598,7 @@ def main():
     total_wall = time.time() - t_start
     plot_losses(os.path.join(tmp_dir, "loss_curve.png"), [r["step"] for r in step_log], [r["loss"] for r in step_log],
                 [e["step"] for e in eval_log], [e["val_loss"] for e in eval_log],
-                f"qwen3_5_moe-micro: {counts['total'] / 1e6:.2f}M params ({counts['active_per_token'] / 1e6:.2f}M active), "
+                f"{ARCH.name}: {counts['total'] / 1e6:.2f}M params ({counts['active_per_token'] / 1e6:.2f}M active), "
                 f"{STEPS} steps x {tokens_per_step} tokens")
     train_log = {"generator": "tools/train_default.py", "versions": versions(), "seed": SEED,
                  "corpus": {"debian_package": austen_corpus.DEB_PACKAGE, "version": austen_corpus.DEB_VERSION,
@@ -581,16 +637,11 @@ def main():
     print(f"{out_dir}: {total} bytes in all")
 
 
-def readme(s):
-    c, cfg, h, ref = s["counts"], s["cfg"], s["hyper"], s["ref"]
-    vp, gr, sm = ref["validation_perplexity"], ref["greedy"], ref["sample"]
-    books = "\n".join(f"| {b['title']} | {b['raw_chars']:,} | {b['train_chars']:,} | {b['validation_chars']:,} |"
-                      for b in s["corpus_info"])
-    a_log = ", ".join(s["a_log_dtypes"])
-    a_log_note = ("the model was cast with `.to(torch.bfloat16)` and save_pretrained wrote A_log as BF16 like every "
-                  "other tensor; the published Qwen3.5/3.6 checkpoints store it as F32" if s["a_log_dtypes"] == ["BF16"]
-                  else "save_pretrained kept it in that dtype although the model was cast to bfloat16")
-    return f"""# qwen3_5_moe-micro
+def readme_intro_shape(s):
+    """The README's opening paragraphs and its shape table (with the paragraph after it), per architecture."""
+    c, cfg = s["counts"], s["cfg"]
+    if ARCH.model_type == "qwen3_5_moe_text":
+        return f"""# qwen3_5_moe-micro
 
 A small **trained** model with the Qwen3.5 / Qwen3.6 MoE architecture (HF `model_type`
 `qwen3_5_moe_text`, class `Qwen3_5MoeForCausalLM`), trained from scratch on Jane Austen's six novels. It
@@ -600,13 +651,7 @@ tests and demos: small enough to ship in the repository ({c['total'] * 2 / 1e6:.
 to exercise every part of the architecture (Gated DeltaNet and gated full attention in the 3:1 pattern,
 partial RoPE, zero-centred RMSNorms, top-k routed experts plus the gated shared expert).
 
-Everything here is written by `tools/train_default.py`; do not edit it by hand.
-
-## Shape
-
-| | |
-|---|---|
-| layers | {cfg.num_hidden_layers}: `{', '.join('full' if t == 'full_attention' else 'lin' for t in cfg.layer_types)}` |
+""", f"""| layers | {cfg.num_hidden_layers}: `{', '.join('full' if t == 'full_attention' else 'lin' for t in cfg.layer_types)}` |
 | hidden size | {cfg.hidden_size} |
 | full attention | {cfg.num_attention_heads} query heads, {cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}, output gate, partial RoPE ({cfg.rope_parameters['partial_rotary_factor']} -> {int(cfg.head_dim * cfg.rope_parameters['partial_rotary_factor'])} rotary dims, theta {cfg.rope_parameters['rope_theta']:g}) |
 | Gated DeltaNet | {cfg.linear_num_key_heads} key heads x {cfg.linear_key_head_dim}, {cfg.linear_num_value_heads} value heads x {cfg.linear_value_head_dim}, conv kernel {cfg.linear_conv_kernel_dim} |
@@ -621,12 +666,58 @@ cores with transformers' pure-PyTorch code paths (chunked gated-delta rule, eage
 token, not parameters, is the constraint there: 16 small experts with top-2 routing keep the active
 parameters at about half the total, and the 4096-token vocabulary keeps the lm_head cheap.
 
-## Files
+"""
+    return f"""# {ARCH.name}
+
+A small **trained** model with the Qwen3-MoE architecture (HF `model_type` `qwen3_moe`, class
+`Qwen3MoeForCausalLM`, the architecture of Qwen3-30B-A3B), trained from scratch on the same Jane Austen
+text with the same tokenizer as the default model `qwen3_5_moe-micro`. Every layer is full attention, so it
+has {cfg.num_hidden_layers * cfg.num_key_value_heads} KV heads where the default model has 4: it is the model on which
+`qflash calibrate` chooses per-head KV formats (docs/kv_cache.md), and it tests the qwen3_moe path
+on trained weights ({c['total'] * 2 / 1e6:.1f} MB of BF16 weights).
+
+""", f"""| layers | {cfg.num_hidden_layers}, all full attention |
+| hidden size | {cfg.hidden_size} |
+| attention | {cfg.num_attention_heads} query heads, {cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}, q/k RMSNorm, RoPE theta {cfg.rope_parameters['rope_theta']:g} over all {cfg.head_dim} dims, no output gate |
+| MoE | {cfg.num_experts} experts, top-{cfg.num_experts_per_tok} (renormalised: norm_topk_prob {cfg.norm_topk_prob}), expert intermediate {cfg.moe_intermediate_size}; no shared expert |
+| vocabulary | {cfg.vocab_size} (the default model's tokenizer), untied embedding / lm_head |
+| max_position_embeddings | {cfg.max_position_embeddings} (trained on 256-token windows) |
+| parameters | **{c['total']:,} total**; **{c['active_per_token']:,} active per token** ({c['active_per_token_excluding_embedding']:,} without the embedding table); routed experts {c['routed_experts']:,}, embedding {c['embedding']:,}, lm_head {c['lm_head']:,} |
+
+Why this shape: {cfg.num_hidden_layers} x {cfg.num_key_value_heads} KV heads of {cfg.head_dim} give calibration {2 * cfg.num_hidden_layers * cfg.num_key_value_heads} units (K and V of
+every head) to choose among, head_dim 64 makes int6 (52 bytes per head with its scale and min) 0.41x bf16,
+and top-{cfg.num_experts_per_tok} of {cfg.num_experts} leaves a dynamic router room to use fewer experts. The whole directory stays under
+16 MB and training fits in about half an hour on 2 CPU cores.
+
+"""
+
+
+def readme(s):
+    c, cfg, h, ref = s["counts"], s["cfg"], s["hyper"], s["ref"]
+    vp, gr, sm = ref["validation_perplexity"], ref["greedy"], ref["sample"]
+    books = "\n".join(f"| {b['title']} | {b['raw_chars']:,} | {b['train_chars']:,} | {b['validation_chars']:,} |"
+                      for b in s["corpus_info"])
+    a_log = ", ".join(s["a_log_dtypes"])
+    a_log_note = ("the model was cast with `.to(torch.bfloat16)` and save_pretrained wrote A_log as BF16 like every "
+                  "other tensor; the published Qwen3.5/3.6 checkpoints store it as F32" if s["a_log_dtypes"] == ["BF16"]
+                  else "save_pretrained kept it in that dtype although the model was cast to bfloat16")
+    a_log_sentence = f"; `A_log` is stored as {a_log} ({a_log_note})" if s["a_log_dtypes"] else ""
+    tokenizer_origin = (f"the tokenizer of `{ARCH.tokenizer_from}`" if ARCH.tokenizer_from
+                        else "the trained tokenizer (`tools/qwen_tokenizer.py`)")
+    arch_flag = "" if ARCH is ARCHS["qwen3_5_moe"] else f" --arch {next(k for k, v in ARCHS.items() if v is ARCH)}"
+    intro, shape = readme_intro_shape(s)
+    return f"""{intro}Everything here is written by `tools/train_default.py`; do not edit it by hand.
+
+## Shape
+
+| | |
+|---|---|
+{shape}## Files
 
 | file | |
 |---|---|
-| `config.json`, `generation_config.json`, `model.safetensors` | `save_pretrained()` of the model cast to bfloat16. Tensor {s['layout']}; dtypes in the file: {', '.join(s['dtypes'])}; `A_log` is stored as {a_log} ({a_log_note}). `generation_config.json`: bos = pad = {ref['tokenizer']['eos_token_id']} (`<|endoftext|>`), eos = `<|endoftext|>` and `<|im_end|>`, sampling defaults {', '.join(f'{k} {v}' for k, v in GENERATION_DEFAULTS.items())}. |
-| `tokenizer.json`, `tokenizer_config.json` | the trained tokenizer (`tools/qwen_tokenizer.py`), special tokens {', '.join(f'`{k}` = {v}' for k, v in ref['tokenizer']['special_tokens'].items())} |
+| `config.json`, `generation_config.json`, `model.safetensors` | `save_pretrained()` of the model cast to bfloat16. Tensor {s['layout']}; dtypes in the file: {', '.join(s['dtypes'])}{a_log_sentence}. `generation_config.json`: bos = pad = {ref['tokenizer']['eos_token_id']} (`<|endoftext|>`), eos = `<|endoftext|>` and `<|im_end|>`, sampling defaults {', '.join(f'{k} {v}' for k, v in GENERATION_DEFAULTS.items())}. |
+| `tokenizer.json`, `tokenizer_config.json` | {tokenizer_origin}, special tokens {', '.join(f'`{k}` = {v}' for k, v in ref['tokenizer']['special_tokens'].items())} |
 | `chat_template.jinja` | a ChatML chat template (`<|im_start|>role\\ncontent<|im_end|>\\n`, generation prompt `<|im_start|>assistant\\n`) written by the tokenizer's `save_pretrained`; the model was trained on plain text, not on chats |
 | `validation.txt` | the held-out text ({s['val_chars']:,} characters, {s['n_val_tokens']:,} tokens) |
 | `reference.json`, `reference.safetensors` | reference outputs for the C++ tests (below) |
@@ -656,7 +747,7 @@ Training text: {s['n_train_chars']:,} characters = {s['n_train_tokens']:,} token
 
 ## Training
 
-transformers `Qwen3_5MoeForCausalLM` in fp32 on the CPU ({h['threads']} threads), seed {h['seed']},
+transformers `{ARCH.cls.__name__}` in fp32 on the CPU ({h['threads']} threads), seed {h['seed']},
 `torch.use_deterministic_algorithms(True)`. AdamW (betas {tuple(h['betas'])}, weight decay {h['weight_decay']} on
 matrices except the embedding and the conv), learning rate {h['lr_peak']:g} after {h['warmup_steps']} warmup steps, cosine decay
 to {h['lr_final']:g}, gradient clipping {h['grad_clip']}, {h['steps']} steps of {h['batch']} random {h['seq_len']}-token windows
@@ -696,7 +787,7 @@ Sampled (temperature {SAMPLE['temperature']}, top-p {SAMPLE['top_p']}, {SAMPLE['
 ## Regenerate
 
 ```sh
-tools/setup_venv && tools/.venv/bin/python tools/train_default.py
+tools/setup_venv && tools/.venv/bin/python tools/train_default.py{arch_flag}
 ```
 
 About 40 minutes on 2 cores. The script needs `apt-get download` to work (run `apt-get update` once)

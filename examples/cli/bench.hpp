@@ -52,6 +52,7 @@ struct BenchOptions {
   std::string weights = "auto";
   std::vector<int> n_prompt{512}, n_gen{128}, n_depth{0}, threads;
   KvOptions kv;
+  std::string routing;  ///< --routing text; empty: top-k
   int repetitions = 5;
   bool json = false, no_verify = false;
   std::string plot;
@@ -96,6 +97,8 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->check(integer_in(0))
       ->capture_default_str();
   add_kv_options(cmd, o.kv);
+  cmd->add_option("--routing", o.routing,
+                  "experts per token (see 'qflash run --help'); the roofline still counts the model's top-k");
   cmd->add_option("-t,--threads", o.threads, "thread counts to bench, e.g. 1,2 (default: one per physical core)")
       ->delimiter(',')
       ->check(integer_in(1));
@@ -210,7 +213,7 @@ struct Row {
 
 /// What every row shares.
 struct Context {
-  std::string model, format, kv;
+  std::string model, format, kv, routing = "top_k";
   int n_layer = 0, vocab = 0, repetitions = 0;
   std::int64_t model_bytes = 0, bytes_per_token = 0;  ///< weights a decoded token reads
   std::int64_t kv_bytes_per_position = 0;              ///< K and V of every layer, one position
@@ -231,6 +234,7 @@ inline nlohmann::ordered_json to_json(Context const& c, Row const& r) {
   j["vocab"] = c.vocab;
   j["model_bytes"] = c.model_bytes;
   j["kv"] = c.kv;
+  j["routing"] = c.routing;
   j["threads"] = r.threads;
   j["test"] = r.test;
   j["n_prompt"] = r.n_prompt;
@@ -390,6 +394,14 @@ inline int cmd_bench(BenchOptions o) {
     cfg = peek_config(o.model);
   }
   check_kv_options(o.kv);
+  model::ModelOptions model_opts;
+  if (!o.routing.empty()) {
+    try {
+      model_opts.routing = model::parse_routing(o.routing);
+    } catch (Error const& e) {
+      throw UsageError(std::string("--routing: ") + e.what());
+    }
+  }
   int const max_depth = *std::max_element(o.n_depth.begin(), o.n_depth.end());
   for (auto const* list : {&o.n_prompt, &o.n_gen})
     for (int n : *list)
@@ -438,6 +450,7 @@ inline int cmd_bench(BenchOptions o) {
   ctx.format = format_label(loaded);
   kv::KvMap const kv = resolve_kv(o.kv, cfg, synthetic ? std::string() : o.model);
   ctx.kv = describe_kv(kv);
+  ctx.routing = model::to_string(model_opts.routing);
   ctx.kv_bytes_per_position = kv.bytes_per_token(cfg.d_head);
   ctx.n_layer = cfg.n_layer;
   ctx.vocab = cfg.vocab;
@@ -467,7 +480,7 @@ inline int cmd_bench(BenchOptions o) {
       print_table_row(ctx, r);
     }
   };
-  runtime::with_model(std::move(loaded), {}, [&](auto& m) {
+  runtime::with_model(std::move(loaded), model_opts, [&](auto& m) {
     std::vector<float> logits;
     for (int t : o.threads) {
       set_max_threads(t);

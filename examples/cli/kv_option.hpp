@@ -33,12 +33,12 @@ inline void add_kv_options(CLI::App* cmd, KvOptions& o, std::string const& fallb
       ->excludes(kv);
 }
 
-/// "bf16" or "K:V"; throws UsageError naming --kv.
-inline kv::KvFormats parse_kv_option(std::string const& text) {
+/// "bf16" or "K:V"; throws UsageError naming the option.
+inline kv::KvFormats parse_kv_option(std::string const& text, std::string const& option = "--kv") {
   try {
     return kv::parse_kv_formats(text);
   } catch (Error const& e) {
-    throw UsageError(std::string("--kv: ") + e.what());
+    throw UsageError(option + ": " + e.what());
   }
 }
 

@@ -25,6 +25,7 @@
 #include "flash_config.hpp"
 #include "budget.hpp"
 #include "kv_option.hpp"
+#include "route_stats.hpp"
 #include "sampling_option.hpp"
 #include "serve.hpp"
 #include "qflash/core/parallel.hpp"
@@ -60,6 +61,7 @@ struct CommonOptions {
   int threads = 0;
   bool no_verify = false;
   cli::KvOptions kv;
+  std::string routing;  ///< --routing text; empty: the model's top-k
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
@@ -83,6 +85,24 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
   cmd->add_flag("--no-verify", o.no_verify, "skip checking the files against the model's SHA256SUMS");
 }
 
+/// `--routing` on the commands that run the model.
+void add_routing_option(CLI::App* cmd, CommonOptions& o) {
+  cmd->add_option("--routing", o.routing,
+                  "experts per token: top_k (the model's, default), top_k=K, top_p=P[,k_min=A][,k_max=B] (per token "
+                  "the fewest experts whose probability reaches P), threshold=T[,k_min=A][,k_max=B] (those with "
+                  "probability >= T); k_max defaults to the model's top-k");
+}
+
+/// The parsed --routing (top-k when not given); throws UsageError naming the flag.
+model::Routing parse_routing_option(std::string const& text) {
+  if (text.empty()) return {};
+  try {
+    return model::parse_routing(text);
+  } catch (Error const& e) {
+    throw UsageError(std::string("--routing: ") + e.what());
+  }
+}
+
 /// Sizes the thread pool from -t: a request above the CPUs this process may use is reduced to
 /// them (more threads than CPUs only take turns on them).
 void apply_threads(int requested) {
@@ -101,6 +121,7 @@ runtime::LoadOptions load_options(CommonOptions const& o) {
   runtime::LoadOptions m;
   m.weights = runtime::parse_weight_scheme(o.weights);
   m.verify_checksums = !o.no_verify;
+  m.model.routing = parse_routing_option(o.routing);
   return m;
 }
 
@@ -290,6 +311,7 @@ int cmd_chat(CommonOptions const& o, cli::SamplingOptions const& sampling_flags,
   runtime::EngineOptions eo;
   eo.max_num_seqs = 1;
   eo.kv = cli::resolve_kv(o.kv, cfg, o.model_dir);
+  eo.routing = parse_routing_option(o.routing);
   apply_threads(o.threads);
   auto opts = load_options(o);
   opts.config = cfg;
@@ -418,7 +440,7 @@ int cmd_calibrate(CommonOptions const& o, CalibrateOptions const& c) {
   return cli::kExitOk;
 }
 
-int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int context) {
+int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int context, std::string const& kl_base) {
   auto const cfg = peek_config(o);
   if (context > cfg.max_position_embeddings)
     throw UsageError("-c/--context " + std::to_string(context) + " is above the model's limit of " +
@@ -432,16 +454,57 @@ int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int con
   with_model(o, cfg, [&](auto& m) {
     bool const tty = ::isatty(2) != 0;
     auto const t0 = std::chrono::steady_clock::now();
+    std::optional<kv::KvMap> base;
+    if (!kl_base.empty()) base = kv::KvMap::uniform(cfg, cli::parse_kv_option(kl_base, "--kl-base"));
     auto r = runtime::perplexity(m, ids, ctx, cli::resolve_kv(o.kv, cfg, o.model_dir),
                                  [tty](std::size_t done, std::size_t total) {
       if (tty) std::fprintf(stderr, "\rperplexity: %zu/%zu tokens", done, total);
-    });
+    }, base ? &*base : nullptr);
     double const secs = seconds_since(t0);
     if (tty) std::fprintf(stderr, "\n");
     std::printf("perplexity %.4f over %lld predicted tokens (%lld windows of %d)\n", r.perplexity,
                 static_cast<long long>(r.n_predicted), static_cast<long long>(r.n_windows), ctx);
+    if (base) std::printf("mean KL %.4e nats/token from --kv %s\n", r.mean_kl, kl_base.c_str());
     std::fprintf(stderr, "perplexity: %zu tokens in %.3f s, %.1f tok/s\n", ids.size(), secs,
                  secs > 0 ? static_cast<double>(ids.size()) / secs : 0.0);
+  });
+  return cli::kExitOk;
+}
+
+/// `qflash route-stats`: routing statistics and each policy's quality and expert compute.
+int cmd_route_stats(CommonOptions const& o, cli::RouteStatsOptions const& r) {
+  auto const cfg = peek_config(o);
+  if (r.context > cfg.max_position_embeddings)
+    throw UsageError("-c/--context " + std::to_string(r.context) + " is above the model's limit of " +
+                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+  auto const policies = cli::route_stats_policies(r);
+  for (auto const& p : policies) {
+    try {
+      model::check_routing(p, cfg.n_expert, cfg.n_expert_used);
+    } catch (Error const& e) {
+      throw UsageError(std::string("--routing: ") + e.what());
+    }
+  }
+  require_weights(o.model_dir);
+  std::string const text = cli::read_text(r.text, "--text");
+  auto tok = load_tokenizer(o.model_dir, cfg);
+  auto ids = tok.encode(text);
+  QFLASH_CHECK(ids.size() >= 2, r.text, ": encodes to ", ids.size(), " tokens; route-stats needs at least 2");
+  if (static_cast<long long>(ids.size()) > r.max_tokens) ids.resize(static_cast<std::size_t>(r.max_tokens));
+  with_model(o, cfg, [&](auto& m) {
+    bool const tty = ::isatty(2) != 0;
+    auto const t0 = std::chrono::steady_clock::now();
+    auto const stats = runtime::measure_routing(m, ids, r.context, policies, [&](std::size_t done, std::size_t total) {
+      if (tty) std::fprintf(stderr, "\rroute-stats: %zu/%zu tokens x %zu policies", done, total, policies.size());
+    });
+    if (tty) std::fprintf(stderr, "\n");
+    std::printf("Routing on %lld tokens of %s (windows of %d), %d experts, top-%d\n\n",
+                static_cast<long long>(ids.size()), printable(r.text).c_str(), r.context, cfg.n_expert,
+                cfg.n_expert_used);
+    cli::print_route_stats(stats, cfg);
+    cli::write_route_stats_outputs(
+        r, cli::route_stats_json(stats, cfg, o.model_dir, r.text, static_cast<std::int64_t>(ids.size()), r.context));
+    std::fprintf(stderr, "route-stats: %.1f s\n", seconds_since(t0));
   });
   return cli::kExitOk;
 }
@@ -487,6 +550,7 @@ int main(int argc, char** argv) {
   run->add_option("--stop", stop, "stop string, with \\n-style escapes (repeatable)");
   run->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   cli::add_kv_options(run, common.kv);
+  add_routing_option(run, common);
 
   bool check_weights = false;
   auto* inspect = app.add_subcommand("inspect", "print the architecture, sizes and memory needs of a model (config.json is enough)");
@@ -501,6 +565,7 @@ int main(int argc, char** argv) {
   logits->add_option("-o,--output", output, "output .npy file")->required();
   logits->add_flag("--incremental", incremental, "one token at a time through the caches instead of one full forward");
   cli::add_kv_options(logits, common.kv);
+  add_routing_option(logits, common);
 
   std::string text_path;
   int context = 0;
@@ -510,6 +575,11 @@ int main(int argc, char** argv) {
   ppl->add_option("-c,--context,--ctx-size", context, "window length in tokens (0: min(512, max positions))")
       ->check(cli::integer_in(0));
   cli::add_kv_options(ppl, common.kv);
+  add_routing_option(ppl, common);
+  std::string kl_base;
+  ppl->add_option("--kl-base", kl_base,
+                  "also print the mean KL divergence of the next-token distributions from those with KV stored in "
+                  "this format (e.g. bf16); every window runs twice");
 
   CalibrateOptions cal;
   auto* calibrate = app.add_subcommand(
@@ -539,6 +609,14 @@ int main(int argc, char** argv) {
       "least KL per byte saved takes it, until the KV bytes are within the budget. Costs one forward per window and "
       "per (unit, format).");
 
+  cli::RouteStatsOptions route_stats_opts;
+  route_stats_opts.tools_dir = QFLASH_SOURCE_DIR "/tools";
+  auto* route_stats = app.add_subcommand(
+      "route-stats", "router entropy, expert load and experts per token on a text, and each routing policy's "
+                     "perplexity, KL from top-k and expert compute");
+  add_common(route_stats, common);
+  cli::add_route_stats_options(route_stats, route_stats_opts);
+
   cli::BenchOptions bench_opts;
   bench_opts.model = QFLASH_DEFAULT_MODEL_DIR;
   bench_opts.tools_dir = QFLASH_SOURCE_DIR "/tools";
@@ -550,6 +628,7 @@ int main(int argc, char** argv) {
                                             "/v1/chat/completions, /v1/models), /generate, /health, /metrics");
   add_common(serve, common);
   cli::add_kv_options(serve, common.kv);
+  add_routing_option(serve, common);
   cli::add_serve_options(serve, serve_opts);
 
   cli::ChatOptions chat_opts;
@@ -558,6 +637,7 @@ int main(int argc, char** argv) {
                                           "(/reset starts over, /exit quits)");
   add_common(chat, common);
   cli::add_kv_options(chat, common.kv);
+  add_routing_option(chat, common);
   cli::add_sampling_options(chat, chat_sampling);
   chat->add_option("--system", chat_opts.system, "a system message that starts the conversation");
   chat->add_option("-n,--max-tokens", chat_opts.max_tokens, "tokens per answer at most")
@@ -609,6 +689,9 @@ int main(int argc, char** argv) {
     }
     if (*ppl && text_path != "-" && !std::filesystem::is_regular_file(text_path))
       throw UsageError("--text: '" + printable(text_path) + "' is not a file");
+    if (*route_stats && route_stats_opts.text != "-" && !std::filesystem::is_regular_file(route_stats_opts.text))
+      throw UsageError("--text: '" + printable(route_stats_opts.text) + "' is not a file");
+    if (*route_stats) (void)cli::route_stats_policies(route_stats_opts);
     if (*calibrate && cal.text != "-" && !std::filesystem::is_regular_file(cal.text))
       throw UsageError("--text: '" + printable(cal.text) + "' is not a file");
     if (*calibrate && !cal.output.empty()) {
@@ -619,6 +702,8 @@ int main(int argc, char** argv) {
     }
 
     if (*run || *logits || *ppl || *serve || *chat) cli::check_kv_options(common.kv);
+    if (!kl_base.empty()) (void)cli::parse_kv_option(kl_base, "--kl-base");
+    (void)parse_routing_option(common.routing);
     if (*serve) {
       if (!verbose) logger->set_level(spdlog::level::info);  // one line per request
       cli::check_serve_options(serve_opts);
@@ -628,7 +713,8 @@ int main(int argc, char** argv) {
     if (*run) return cmd_run(common, prompt, gen, sampling, ignore_eos);
     if (*inspect) return cmd_inspect(common, verbose, check_weights);
     if (*logits) return cmd_logits(common, ids, output, incremental);
-    if (*ppl) return cmd_perplexity(common, text_path, context);
+    if (*ppl) return cmd_perplexity(common, text_path, context, kl_base);
+    if (*route_stats) return cmd_route_stats(common, route_stats_opts);
     if (*calibrate) return cmd_calibrate(common, cal);
     if (*bench) return cli::cmd_bench(bench_opts);
     if (*budget) return cli::cmd_budget(budget_opts);
@@ -642,7 +728,8 @@ int main(int argc, char** argv) {
         apply_threads(common.threads);
         auto opts = load_options(common);
         opts.config = cfg;
-        return cli::ServedModel{runtime::load_model(common.model_dir, opts), std::move(tok), std::move(kv)};
+        return cli::ServedModel{runtime::load_model(common.model_dir, opts), std::move(tok), std::move(kv),
+                                opts.model.routing};
       });
     }
   } catch (UsageError const& e) {

@@ -59,6 +59,7 @@ struct ServedModel {
   runtime::LoadedModel model;
   io::Tokenizer tokenizer;
   kv::KvMap kv;
+  model::Routing routing;
 };
 
 inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
@@ -247,6 +248,7 @@ inline int cmd_serve(ServeOptions o, std::string const& path, model::ModelConfig
   chat_template = load_chat_template(path, m.tokenizer, cfg);
   if (!chat_template) QFLASH_LOG_INFO(path, " has no chat template: /v1/chat/completions answers 400");
   o.engine.kv = std::move(m.kv);
+  o.engine.routing = m.routing;
   engine = runtime::make_engine(std::move(m.model), std::move(m.tokenizer), o.engine, name);
   runtime::EngineInfo const info = engine->info();
   QFLASH_CHECK(info.specialised || o.kernel_fallback, "flash_kernel_fallback is false, but no specialised instance "

@@ -76,6 +76,45 @@ case $case in
     expect_rc 0
     expect_out "^perplexity [0-9.]+ over 442 predicted tokens \(8 windows of 64\)"
     ;;
+  routing)  # --routing on perplexity and run; route-stats' tables and JSON; --kl-base; bad values name the flag
+    printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..10} >"$tmp/text.txt"
+    run perplexity --model "$tiny" --text "$tmp/text.txt" --context 64
+    expect_rc 0
+    top_k=$(grep -Eo '^perplexity [0-9.]+' "$tmp/out")
+    run perplexity --model "$tiny" --text "$tmp/text.txt" --context 64 --routing top_k=1 --kl-base bf16
+    expect_rc 0
+    expect_out "^mean KL [0-9.e+-]+ nats/token from --kv bf16"
+    [[ $(grep -Eo '^perplexity [0-9.]+' "$tmp/out") != "$top_k" ]] || fail "--routing top_k=1 changed nothing"
+    run route-stats --model "$tiny" --text "$tmp/text.txt" -c 64 --routing top_p=0.5 --routing top_k=1 \
+      --json "$tmp/rs.json"
+    expect_rc 0
+    expect_out "^\| top_k \| 2\.00 \| 1\.000 \| [0-9.]+ \| \+0\.00% \| 0 \|"
+    expect_out "^\| top_k=1 \| 1\.00 \| 0\.500 \| [0-9.]+ \| [+-][0-9.]+% \| [0-9.e+-]+ \|"
+    expect_out "^\| top_p=0\.5 \| 1\.[0-9]+ \| 0\.[5-9][0-9]+ \|"
+    expect_out "^\| 0 \| [0-9.]+ \| [0-9]+ \| 0\.[0-9]+ \|"
+    python3 - "$tmp/rs.json" <<'PY' || fail "route-stats JSON"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["n_expert"] == 8 and j["top_k"] == 2, j
+p = {x["routing"]: x for x in j["policies"]}
+assert list(p) == ["top_k", "top_p=0.5", "top_k=1"], list(p)
+assert p["top_k=1"]["experts_per_token_histogram"][1] > 0 and p["top_k=1"]["mean_experts_per_token"] == 1
+assert all(len(l["expert_load"]) == 8 for l in p["top_k"]["layers"])
+assert p["top_k"]["mean_kl_vs_top_k"] == 0 and p["top_k=1"]["mean_kl_vs_top_k"] > 0
+PY
+    run run --model "$tiny" --routing top_q=1 -n 2
+    expect_rc 2
+    expect_err "error: --routing: routing 'top_q=1': unknown policy 'top_q'; expected top_k, top_p or threshold"
+    run route-stats --model "$tiny" --text "$tmp/text.txt" --routing top_p=1.5
+    expect_rc 2
+    expect_err "error: --routing: routing 'top_p=1.5': top_p must be in \(0, 1\]"
+    run route-stats --model "$tiny" --text "$tmp/text.txt" --routing top_k=9
+    expect_rc 2
+    expect_err "error: --routing: routing 'top_k=9': 9 experts per token, the model has 8"
+    run perplexity --model "$tiny" --text "$tmp/text.txt" --kl-base int5
+    expect_rc 2
+    expect_err "error: --kl-base: "
+    ;;
   kv_schemes)  # --kv on logits, perplexity and run: compressed KV changes the numbers, f32 is the default
     ids=171,56,115,66,64,182,125,75,29,93
     run logits --model "$tiny" --prompt-ids $ids --output "$tmp/f32.npy"
@@ -341,7 +380,7 @@ PY
     expect_err "error: -ngl: qflash does not split layers between CPU and GPU.*--device"
     run frobnicate --model "$tiny"
     expect_rc 2
-    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, calibrate, bench, serve, chat, budget\)"
+    expect_err "error: unknown command 'frobnicate' \(commands: run, inspect, logits, perplexity, calibrate, route-stats, bench, serve, chat, budget\)"
     run --version
     expect_rc 0
     expect_out "^qflash [0-9]+\.[0-9]+\.[0-9]+"

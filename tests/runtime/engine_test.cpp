@@ -348,3 +348,58 @@ TEST_CASE("engine: routing metrics and the router decision log") {
   CHECK(lines == fed * cfg.n_layer);
   std::remove(log.c_str());
 }
+
+TEST_CASE("engine: each request routes as it asks, beside others; the prefix cache keeps routings apart") {
+  EngineOptions o;
+  o.prefix.snapshot_bf16 = false;  // restore the exact state: the same greedy tokens follow
+  auto e = start(o);
+  auto const ids = encode(kPrompts[3] + " " + kPrompts[0] + ". " + kPrompts[4]);
+  REQUIRE(ids.size() >= 32);
+  std::vector<std::optional<model::Routing>> const routings{std::nullopt, model::parse_routing("top_p=0.5"),
+                                                            model::parse_routing("top_k=1")};
+  // All three at once: they share batches.
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (auto const& r : routings) {
+    GenerationRequest g = greedy(ids, 12);
+    g.routing = r;
+    streams.push_back(e->submit(g));
+  }
+  std::vector<Result> results;
+  for (auto& s : streams) results.push_back(collect(*s));
+  for (std::size_t i = 0; i < routings.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE_FALSE(results[i].error);
+    model::ModelOptions mo;
+    if (routings[i]) mo.routing = *routings[i];
+    GenerateResult want;
+    auto tok = tokenizer();
+    with_model(load(), mo, [&](auto& m) {
+      GenerateOptions g;
+      g.max_tokens = 12;
+      g.eos_ids.assign(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
+      want = generate(m, tok, ids, g);
+    });
+    CHECK(results[i].tokens[0] == want.tokens);
+  }
+  CHECK(results[1].tokens[0] != results[2].tokens[0]);
+  // Only a request with the same routing reuses a routing's cached prefix.
+  GenerationRequest again = greedy(ids, 12);
+  again.routing = routings[2];
+  Result const hit = collect(*e->submit(again));
+  CHECK(hit.usage.cached_tokens > 0);
+  CHECK(hit.tokens[0] == results[2].tokens[0]);
+  // top_k=1 and top_p=0.5 ran: fewer than the model's 2 experts per token on average.
+  double const per_token = metric(*e, "qflash:experts_per_token");
+  CHECK(per_token >= 1.0);
+  CHECK(per_token < 2.0);
+  // A routing the model cannot run is refused as invalid.
+  GenerationRequest bad = greedy(ids, 4);
+  bad.routing = model::parse_routing("top_k=17");
+  try {
+    e->submit(bad);
+    FAIL("accepted");
+  } catch (RequestError const& err) {
+    CHECK(err.kind() == RequestErrorKind::kInvalid);
+    CHECK(std::string(err.what()).find("the model has 16") != std::string::npos);
+  }
+}

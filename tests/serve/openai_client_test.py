@@ -231,6 +231,23 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(sample(1234), sample(1234))
         self.assertEqual(len({sample(s) for s in (1, 2, 3, 4)}) > 1, True)
 
+    def test_routing_per_request(self):
+        c = client()
+
+        def greedy(routing=None):
+            extra = {"routing": routing} if routing else None
+            return c.completions.create(model=NAME, prompt="It was a truth", max_tokens=12, temperature=0,
+                                        extra_body=extra).choices[0].text
+        self.assertEqual(greedy("top_k"), greedy())
+        self.assertEqual(greedy("top_p=0.5"), greedy("top_p=0.5"))
+        self.assertNotEqual(greedy("top_k=1"), greedy())
+        with self.assertRaises(openai.BadRequestError) as e:
+            greedy("top_p=1.5")
+        self.assertIn("top_p must be in (0, 1]", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            greedy("top_k=99")
+        self.assertIn("the model has 16", str(e.exception))
+
     def test_errors(self):
         c = client()
         with self.assertRaises(openai.BadRequestError) as e:

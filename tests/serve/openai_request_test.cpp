@@ -242,6 +242,21 @@ TEST_CASE("ignore_eos, cache_salt, priority") {
   }, 400, "cache_salt", {"a string of at most 256 bytes"});
 }
 
+TEST_CASE("routing: the project's per-request experts per token") {
+  CHECK_FALSE(parse(Api::kCompletions, R"({"prompt": "x"})").generation.routing);
+  auto const p = parse(Api::kChat, R"({"messages": [{"role": "user", "content": "Hi"}],
+                                      "routing": "top_p=0.9,k_min=1,k_max=4"})");
+  REQUIRE(p.generation.routing);
+  CHECK(model::to_string(*p.generation.routing) == "top_p=0.9,k_max=4");
+  CHECK(parse(Api::kGenerate, R"({"prompt": "x", "routing": "top_k=1"})").generation.routing->k_max == 1);
+  expect_api_error([] { (void)parse(Api::kCompletions, R"({"prompt": "x", "routing": "top_p=2"})"); }, 400, "routing",
+                   {"'routing' must be top_k", "top_p must be in (0, 1]"});
+  expect_api_error([] { (void)parse(Api::kCompletions, R"({"prompt": "x", "routing": "top_k=17"})"); }, 400,
+                   "routing", {"the model has 16"});
+  expect_api_error([] { (void)parse(Api::kCompletions, R"({"prompt": "x", "routing": 0.9})"); }, 400, "routing",
+                   {"must be a string"});
+}
+
 TEST_CASE("model, stream and stream_options") {
   expect_api_error([] { (void)parse(Api::kCompletions, R"({"model": "gpt-4", "prompt": "x"})"); }, 404, "model",
                    {"the model 'gpt-4' does not exist; this server serves 'micro'"});

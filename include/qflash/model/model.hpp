@@ -40,6 +40,7 @@ struct ModelOptions {
   DeltaRuleOptions delta;     ///< how prefill chunks run the delta rule
   stream_t stream = nullptr;  ///< the CUDA stream every kernel runs on (null: default; CPU ignores it)
   RouteObserver on_route;     ///< called by every MoE layer after routing (empty: not called)
+  Routing routing;            ///< token-wise routing (default: the model's top-k)
 };
 
 enum class LogitsFor { kAllTokens, kLastToken };
@@ -73,6 +74,7 @@ class Model {
     MoeSpec const rt = cfg_.spec(S.kv == KvScheme::kAny ? KvScheme::kBf16 : S.kv, uniform_format(w_));
     QFLASH_CHECK(matches(S, rt), cfg_.source, ": the model ", to_string(rt),
                  " does not match the compiled spec ", to_string(S));
+    check_routing(opts_.routing, cfg_.n_expert, cfg_.n_expert_used);
     QFLASH_CHECK(w_.layers.size() == static_cast<std::size_t>(cfg_.n_layer), cfg_.source,
                  ": weights for ", w_.layers.size(), " layers, the config has ", cfg_.n_layer);
     norm_kind_ = cfg_.zero_centered_norms ? kernels::NormWeight::kZeroCentered : kernels::NormWeight::kPlain;
@@ -89,6 +91,14 @@ class Model {
   Model& operator=(Model const&) = delete;
 
   [[nodiscard]] ModelConfig const& config() const { return cfg_; }
+  [[nodiscard]] Routing const& routing() const { return opts_.routing; }
+  /// Calls `f` from every MoE layer of later forwards (empty: none).
+  void set_route_observer(RouteObserver f) { opts_.on_route = std::move(f); }
+  /// Routes every later forward with `r`; checked against the model first.
+  void set_routing(Routing const& r) {
+    check_routing(r, cfg_.n_expert, cfg_.n_expert_used);
+    opts_.routing = r;
+  }
   [[nodiscard]] ModelWeights const& weights() const { return w_; }
   /// A sequence with its own KV pool, every head in `kv` (default: exact f32).
   [[nodiscard]] SequenceState new_sequence(kv::KvFormats kv = {}) const {
@@ -134,7 +144,7 @@ class Model {
       }
       std::visit([&](auto const& mixer) { mixer.forward(batch_, xn, mix, scratch_, stream); }, mixers_[l]);
       norm(mix, h, lw.post_norm, xn, T);  // h += mixer; xn = norm(h)
-      moe_[l].forward(T, xn, mix, scratch_, stream);
+      moe_[l].forward(batch_, xn, mix, scratch_, stream);
     }
     norm(mix, h, w_.final_norm, xn, T);
     seen(cfg_.n_layer, h);
@@ -169,6 +179,7 @@ class Model {
     batch_.begin.assign(1, 0);
     batch_.positions.clear();
     batch_.tokens.clear();
+    layout_routing(seqs);
     for (auto const& c : seqs) {
       QFLASH_CHECK(c.state, "forward: a batch entry has no sequence state");
       QFLASH_CHECK(!c.tokens.empty(), "forward: a batch entry has no tokens");
@@ -187,6 +198,29 @@ class Model {
         batch_.tokens.push_back(c.tokens[t]);
       }
       batch_.begin.push_back(static_cast<std::int64_t>(batch_.tokens.size()));
+    }
+  }
+
+  /// The batch's routing: the model's for every token, or, when a sequence brings its own,
+  /// each token its sequence's policy in the widest sequence's route slots.
+  void layout_routing(std::span<SequenceChunk const> seqs) {
+    int const model_k = cfg_.n_expert_used;
+    batch_.route_slots = opts_.routing.slots(model_k);
+    batch_.policy = opts_.routing.policy;
+    batch_.token_policies.clear();
+    bool const own = std::any_of(seqs.begin(), seqs.end(),
+                                 [&](SequenceChunk const& c) { return c.routing && *c.routing != opts_.routing; });
+    if (!own) return;
+    for (auto const& c : seqs) {
+      Routing const& r = c.routing ? *c.routing : opts_.routing;
+      check_routing(r, cfg_.n_expert, model_k);
+      batch_.route_slots = std::max(batch_.route_slots, r.slots(model_k));
+    }
+    for (auto const& c : seqs) {
+      Routing const& r = c.routing ? *c.routing : opts_.routing;
+      kernels::RoutingPolicy p = r.policy;
+      p.k_max = r.slots(model_k);  // within the batch's wider slots
+      batch_.token_policies.insert(batch_.token_policies.end(), c.tokens.size(), p);
     }
   }
 

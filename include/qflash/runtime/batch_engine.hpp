@@ -77,6 +77,7 @@ class BatchEngine final : public Engine {
       : tok_(std::move(tokenizer)), opts_(std::move(opts)), info_(std::move(info)) {
     model::ModelOptions mo;
     mo.on_route = [this](model::RouteRecord const& r) { observe_routes(r); };
+    mo.routing = opts_.routing;
     model_ = make_model<S, Arch>(std::move(loaded), mo);
     cfg_ = &model_->config();
     check_tokenizer_fits(tok_, *cfg_);
@@ -124,6 +125,8 @@ class BatchEngine final : public Engine {
       QFLASH_CHECK(router_log_.good(), opts_.router_log_path, ": cannot open the router decision log for writing");
     }
     info_.max_context = max_context_;
+    info_.n_expert = cfg_->n_expert;
+    info_.n_expert_used = cfg_->n_expert_used;
     info_.prefix_cache = cache_ != nullptr;
     info_.compressed_kv = pool_->layout().map().compressed();
     info_.eos_ids.assign(cfg_->eos_token_ids.begin(), cfg_->eos_token_ids.end());
@@ -223,6 +226,8 @@ class BatchEngine final : public Engine {
     for (std::size_t e = 0; e < m.expert_load.size(); ++e)
       prom::sample(out, "qflash:expert_load_total", static_cast<double>(m.expert_load[e]),
                    "expert=\"" + std::to_string(e) + "\"");
+    prom::single(out, "qflash:experts_per_token", "Mean routed experts per token and MoE layer, last 1024.", "gauge",
+                 m.experts_per_token.mean());
   }
 
  private:
@@ -274,6 +279,7 @@ class BatchEngine final : public Engine {
     detail::WindowMean prefill_window{256}, decode_window{256}, step_tokens{64}, step_seconds{64};
     std::vector<detail::WindowMean> router_entropy;  ///< per layer
     std::vector<std::int64_t> expert_load;
+    detail::WindowMean experts_per_token{1024};  ///< routed experts per token-layer (dynamic routing)
   };
 
   // ---- requests -------------------------------------------------------------------------
@@ -301,9 +307,18 @@ class BatchEngine final : public Engine {
       if (t < 0 || t >= cfg_->vocab) invalid("stop token id ", t, " is outside the vocabulary [0, ", cfg_->vocab, ")");
     try {
       validate(r.sampling);
+      if (r.routing) model::check_routing(*r.routing, cfg_->n_expert, cfg_->n_expert_used);
     } catch (Error const& e) {
       invalid(e.what());
     }
+  }
+
+  /// The prefix cache's salt for s: its cache_salt, and its routing when that differs from
+  /// the engine's (KV computed under other routing is other KV).
+  [[nodiscard]] std::string prefix_salt(Sequence const& s) const {
+    auto const& p = s.req->params;
+    if (!p.routing || *p.routing == opts_.routing) return p.cache_salt;
+    return p.cache_salt + "\x1frouting=" + model::to_string(*p.routing);
   }
 
   /// A choice's sequence before it runs.
@@ -363,7 +378,7 @@ class BatchEngine final : public Engine {
       for (Scheduled const& b : batch_)
         chunks_.push_back({std::span<std::int32_t const>(b.seq->tokens).subspan(static_cast<std::size_t>(b.seq->computed),
                                                                              static_cast<std::size_t>(b.n)),
-                           &*b.seq->state});
+                           &*b.seq->state, b.seq->req->params.routing ? &*b.seq->req->params.routing : nullptr});
       try {
         model_->forward(chunks_, model::LogitsFor::kLastToken, logits_);
       } catch (std::exception const& e) {
@@ -497,7 +512,7 @@ class BatchEngine final : public Engine {
     std::int64_t adopted = 0;
     if (cache_) {
       std::int64_t const max_blocks = (static_cast<std::int64_t>(s.tokens.size()) - 1) / bt;
-      kv::PrefixCache::Match m = cache_->match(s.tokens, s.req->params.cache_salt, max_blocks);
+      kv::PrefixCache::Match m = cache_->match(s.tokens, prefix_salt(s), max_blocks);
       std::size_t keep = m.blocks.size();
       if (hybrid_) {  // resume only where the linear state is known
         while (keep > 0 && !m.snapshots[keep - 1]) --keep;
@@ -556,7 +571,7 @@ class BatchEngine final : public Engine {
     if (!cache_) return;
     std::int64_t const bt = pool_->layout().block_tokens();
     std::int64_t const full = s.computed / bt;
-    std::string const& salt = s.req->params.cache_salt;
+    std::string const salt = prefix_salt(s);
     while (static_cast<std::int64_t>(s.hashes.size()) < full) {
       std::size_t const i = s.hashes.size();
       kv::BlockHash const parent = i == 0 ? kv::PrefixCache::root(salt) : s.hashes[i - 1];
@@ -789,10 +804,15 @@ class BatchEngine final : public Engine {
         zl += p * x;
       }
       metrics_.router_entropy[r.layer].add(std::log(z) - zl / z);  // -sum p log p with p = exp(x) / z
+      int used = 0;
       for (int j = 0; j < r.n_expert_used; ++j) {
         std::int32_t const e = r.experts[t * r.n_expert_used + j];
-        if (e >= 0 && static_cast<std::size_t>(e) < load.size()) ++load[static_cast<std::size_t>(e)];
+        if (e >= 0 && static_cast<std::size_t>(e) < load.size()) {
+          ++load[static_cast<std::size_t>(e)];
+          ++used;
+        }
       }
+      metrics_.experts_per_token.add(used);
     }
     lock.unlock();
     if (router_log_.is_open() && router_log_bytes_ < opts_.router_log_max_bytes) log_routes(r);
@@ -806,10 +826,12 @@ class BatchEngine final : public Engine {
       if (s.computed >= s.n_prompt && b.n == 1 && row < r.n_tokens) {
         line = "{\"request\":" + io::Json(s.req->params.id).dump() + ",\"choice\":" + std::to_string(s.choice) +
                ",\"position\":" + std::to_string(s.computed) + ",\"layer\":" + std::to_string(r.layer) + ",\"experts\":[";
-        for (int j = 0; j < r.n_expert_used; ++j)
+        int used = 0;  // a dynamic policy leaves the last slots unused
+        while (used < r.n_expert_used && r.experts[row * r.n_expert_used + used] != kernels::kNoExpert) ++used;
+        for (int j = 0; j < used; ++j)
           line += (j ? "," : "") + std::to_string(r.experts[row * r.n_expert_used + j]);
         line += "],\"weights\":[";
-        for (int j = 0; j < r.n_expert_used; ++j)
+        for (int j = 0; j < used; ++j)
           line += (j ? "," : "") + prom::number(r.weights[row * r.n_expert_used + j]);
         line += "]}\n";
         router_log_ << line;

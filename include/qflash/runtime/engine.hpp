@@ -22,6 +22,7 @@
 #include "qflash/kv/map.hpp"
 #include "qflash/kv/prefix_cache.hpp"
 #include "qflash/model/config.hpp"
+#include "qflash/model/routing.hpp"
 #include "qflash/runtime/request.hpp"
 #include "qflash/runtime/sampler.hpp"
 
@@ -47,6 +48,7 @@ struct EngineOptions {
   int max_context = 0;                 ///< prompt + generated tokens per sequence (0: the model's limit)
   int max_queue = 256;                 ///< waiting requests beyond this are refused (kQueueFull)
   kv::KvMap kv;                        ///< per-head KV formats (empty: f32)
+  model::Routing routing;              ///< experts per token (default: the model's top-k)
   PrefixCacheOptions prefix;
   std::string router_log_path;         ///< JSONL of routing decisions per generated token (empty: off)
   std::int64_t router_log_max_bytes = 64 << 20;  ///< the log stops growing past this
@@ -60,6 +62,7 @@ struct EngineInfo {
   bool compressed_kv = false;     ///< some KV head is stored in fewer than 16 bits (fp8, int8, int6)
   bool prefix_cache = false;      ///< the shared prefix pool is on
   int max_context = 0;            ///< tokens per sequence
+  int n_expert = 0, n_expert_used = 0;  ///< the MoE layers' experts and top-k (what a request's routing is checked against)
   SamplingParams default_sampling;  ///< from generation_config.json, for requests that set nothing
   std::vector<std::int32_t> eos_ids;
 };

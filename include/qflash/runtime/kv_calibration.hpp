@@ -21,6 +21,7 @@
 #include "qflash/core/error.hpp"
 #include "qflash/kv/map.hpp"
 #include "qflash/model/model.hpp"
+#include "qflash/runtime/perplexity.hpp"
 
 namespace qflash::runtime {
 
@@ -38,29 +39,6 @@ struct KvSensitivity {
   std::vector<std::vector<double>> kl;  ///< [unit][format]: mean KL, nats per token
   std::int64_t tokens = 0;              ///< predicted tokens the means are over
 };
-
-/// sum over rows of KL(softmax(ref) || softmax(got)), both [rows, vocab].
-inline double sum_kl(float const* ref, float const* got, std::int64_t rows, std::int64_t vocab) {
-  double total = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float const* a = ref + r * vocab;
-    float const* b = got + r * vocab;
-    double const ma = *std::max_element(a, a + vocab), mb = *std::max_element(b, b + vocab);
-    double sa = 0, sb = 0;
-    for (std::int64_t i = 0; i < vocab; ++i) {
-      sa += std::exp(a[i] - ma);
-      sb += std::exp(b[i] - mb);
-    }
-    double const la = ma + std::log(sa), lb = mb + std::log(sb);  // log-sum-exp
-    double kl = 0;
-    for (std::int64_t i = 0; i < vocab; ++i) {
-      double const lpa = a[i] - la;
-      kl += std::exp(lpa) * (lpa - (b[i] - lb));
-    }
-    total += std::max(0.0, kl);
-  }
-  return total;
-}
 
 /// The units of a model's KV, layer by layer, K before V.
 inline std::vector<KvUnit> kv_units(model::ModelConfig const& cfg) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "qflash/core/error.hpp"
+#include "qflash/model/routing.hpp"
 #include "qflash/runtime/generate.hpp"
 #include "qflash/runtime/sampler.hpp"
 
@@ -39,6 +40,7 @@ struct GenerationRequest {
   int top_logprobs = -1;                     ///< -1: no logprobs; k >= 0: each token's, with k alternatives
   std::string cache_salt;                    ///< prefix blocks are shared only between equal salts
   int priority = 0;                          ///< smaller is scheduled first; first come, first served within
+  std::optional<model::Routing> routing;     ///< experts per token (empty: the engine's); part of the prefix key
 };
 
 /// A generated token's log-probability under the model's distribution (before temperature

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <numeric>
 #include <cstdint>
 #include <vector>
 
@@ -67,16 +68,19 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   s.rows.prepare();
   std::int64_t const d_model = a.experts[0].gate.cols;
   std::int64_t const n_expert = static_cast<std::int64_t>(a.experts.size());
-  std::int64_t const n_pairs = a.n_tokens * a.n_expert_used;
-  std::int64_t const total = n_pairs + (a.shared ? a.n_tokens : 0);
+  std::int64_t const n_slots = a.n_tokens * a.n_expert_used;
 
-  // Pairs grouped by expert in token order (a counting sort), the shared expert's last.
+  // Pairs grouped by expert in token order (a counting sort), the shared expert's last;
+  // unused slots (kNoExpert) make none.
   s.count.assign(static_cast<std::size_t>(n_expert + 1), 0);
-  for (std::int64_t p = 0; p < n_pairs; ++p) {
+  for (std::int64_t p = 0; p < n_slots; ++p) {
     std::int32_t const e = a.routes[p];
+    if (e == kNoExpert) continue;
     if (e < 0 || e >= n_expert) return Status::kErrorInvalidProblem;
     ++s.count[static_cast<std::size_t>(e) + 1];
   }
+  std::int64_t const n_pairs = std::accumulate(s.count.begin(), s.count.end(), std::int64_t{0});
+  std::int64_t const total = n_pairs + (a.shared ? a.n_tokens : 0);
   s.active.clear();
   for (std::int64_t e = 0; e < n_expert; ++e) {
     std::int64_t const n = s.count[static_cast<std::size_t>(e + 1)];
@@ -85,7 +89,8 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   }
   s.tokens.resize(static_cast<std::size_t>(total));
   s.weights.resize(static_cast<std::size_t>(total));
-  for (std::int64_t p = 0; p < n_pairs; ++p) {
+  for (std::int64_t p = 0; p < n_slots; ++p) {
+    if (a.routes[p] == kNoExpert) continue;
     std::int64_t const slot = s.count[static_cast<std::size_t>(a.routes[p])]++;
     s.tokens[static_cast<std::size_t>(slot)] = static_cast<std::int32_t>(p / a.n_expert_used);
     s.weights[static_cast<std::size_t>(slot)] = a.route_weights[p];

@@ -13,6 +13,7 @@
 #include "qflash/core/config.hpp"
 #include "qflash/core/status.hpp"
 #include "qflash/kernels/linear/op.hpp"
+#include "qflash/kernels/router_topk/op.hpp"
 #include "qflash/spec/moe_spec.hpp"
 
 namespace qflash::kernels {
@@ -26,7 +27,7 @@ struct ExpertWeights {
 struct ExpertFfnArgs {
   std::span<ExpertWeights const> experts;  // [n_expert]
   float const* x = nullptr;                 // [n_tokens, d_model]
-  std::int32_t const* routes = nullptr;     // [n_tokens, n_expert_used] expert ids
+  std::int32_t const* routes = nullptr;     // [n_tokens, n_expert_used] expert ids; kNoExpert: unused slot
   float const* route_weights = nullptr;     // [n_tokens, n_expert_used]
   float* out = nullptr;                     // [n_tokens, d_model], accumulated into
   std::int64_t n_tokens = 0;

@@ -47,8 +47,9 @@ inline void expert_ffn(ExpertFfnArgs const& a) {
   std::int64_t const d_model = a.experts[0].gate.cols;
   for (std::int64_t t = 0; t < a.n_tokens; ++t) {
     for (int j = 0; j < a.n_expert_used; ++j)
-      expert_pair(a.experts[static_cast<std::size_t>(a.routes[t * a.n_expert_used + j])], a.x + t * d_model,
-                  a.route_weights[t * a.n_expert_used + j], a.out + t * d_model);
+      if (std::int32_t const e = a.routes[t * a.n_expert_used + j]; e != kNoExpert)
+        expert_pair(a.experts[static_cast<std::size_t>(e)], a.x + t * d_model, a.route_weights[t * a.n_expert_used + j],
+                    a.out + t * d_model);
     if (a.shared) expert_pair(*a.shared, a.x + t * d_model, a.shared_weights[t], a.out + t * d_model);
   }
 }

@@ -18,7 +18,7 @@ namespace qflash::kernels::cpu {
 template <int E, int K>
 Status router_topk(RouterTopkArgs const& a) {
   int const n_expert = dim<E>(a.n_expert);
-  int const k = dim<K>(a.n_expert_used);
+  int const k = a.n_expert_used == K ? K : a.n_expert_used;
   // Per-slot scratch owned by the calling thread (core/parallel.hpp), kept across calls.
   thread_local SlotScratch<float> probs;
   thread_local SlotScratch<int> orders;
@@ -41,13 +41,15 @@ Status router_topk(RouterTopkArgs const& a) {
       float const px = p[static_cast<std::size_t>(x)], py = p[static_cast<std::size_t>(y)];
       return px > py || (px == py && x < y);
     });
+    float* w = a.weights + t * k;  // the sorted probabilities first, for the policy
+    for (int j = 0; j < k; ++j) w[j] = p[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    int const used = (a.token_policies ? a.token_policies[t] : a.policy).count(w, k);
     float top = 0;
-    for (int j = 0; j < k; ++j) top += p[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    for (int j = 0; j < used; ++j) top += w[j];
     float const scale = a.renormalize ? 1.0f / top : 1.0f;
     for (int j = 0; j < k; ++j) {
-      int const e = order[static_cast<std::size_t>(j)];
-      a.experts[t * k + j] = e;
-      a.weights[t * k + j] = p[static_cast<std::size_t>(e)] * scale;
+      a.experts[t * k + j] = j < used ? order[static_cast<std::size_t>(j)] : kNoExpert;
+      w[j] = j < used ? w[j] * scale : 0.0f;
     }
   });
   return Status::kSuccess;

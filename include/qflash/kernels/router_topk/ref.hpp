@@ -1,5 +1,6 @@
 /// @file
-/// Scalar reference for kernels/router_topk: fp64 softmax, a full stable sort.
+/// Scalar reference for kernels/router_topk: fp64 softmax, a full stable sort, the policy's
+/// count from the fp64 probabilities rounded to fp32.
 #pragma once
 
 #include <algorithm>
@@ -26,13 +27,17 @@ inline void router_topk(RouterTopkArgs const& a) {
     std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
       return p[static_cast<std::size_t>(x)] > p[static_cast<std::size_t>(y)];
     });
+    std::vector<float> sorted(static_cast<std::size_t>(a.n_expert_used));
+    for (int j = 0; j < a.n_expert_used; ++j)
+      sorted[static_cast<std::size_t>(j)] = static_cast<float>(p[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])]);
+    int const used = (a.token_policies ? a.token_policies[t] : a.policy).count(sorted.data(), a.n_expert_used);
     double top = 0;
-    for (int j = 0; j < a.n_expert_used; ++j) top += p[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    for (int j = 0; j < used; ++j) top += p[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
     for (int j = 0; j < a.n_expert_used; ++j) {
       int const e = order[static_cast<std::size_t>(j)];
-      a.experts[t * a.n_expert_used + j] = e;
-      double const w = p[static_cast<std::size_t>(e)];
-      a.weights[t * a.n_expert_used + j] = static_cast<float>(a.renormalize ? w / top : w);
+      a.experts[t * a.n_expert_used + j] = j < used ? e : kNoExpert;
+      double const w = j < used ? p[static_cast<std::size_t>(e)] : 0.0;
+      a.weights[t * a.n_expert_used + j] = static_cast<float>(a.renormalize && j < used ? w / top : w);
     }
   }
 }

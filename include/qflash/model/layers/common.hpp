@@ -14,6 +14,7 @@
 #include "qflash/core/status.hpp"
 #include "qflash/kernels/linear/op.hpp"
 #include "qflash/model/cache.hpp"
+#include "qflash/model/routing.hpp"
 
 namespace qflash::model {
 
@@ -21,6 +22,7 @@ namespace qflash::model {
 struct SequenceChunk {
   std::span<std::int32_t const> tokens;
   SequenceState* state = nullptr;
+  Routing const* routing = nullptr;  ///< this sequence's experts per token (null: the model's)
 };
 
 /// A ragged batch laid out as rows: sequence i owns rows [begin[i], begin[i + 1]).
@@ -29,6 +31,9 @@ struct Batch {
   std::vector<std::int64_t> begin;      // [n_seqs + 1]
   std::vector<std::int64_t> positions;  // [n_tokens]
   std::vector<std::int32_t> tokens;     // [n_tokens]
+  int route_slots = 0;                   ///< route slots per token (the most experts any token may use)
+  kernels::RoutingPolicy policy;         ///< every token's, unless token_policies is set
+  std::vector<kernels::RoutingPolicy> token_policies;  ///< [n_tokens] when sequences route differently
 
   [[nodiscard]] std::int64_t n_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
   [[nodiscard]] std::int64_t rows_of(std::size_t i) const { return begin[i + 1] - begin[i]; }

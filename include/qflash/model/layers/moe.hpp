@@ -1,7 +1,8 @@
 /// @file
 /// The MoE block of both families: one GEMV for the router (and the shared-expert gate as its
-/// extra row), softmax/top-k/renormalise with the gate's sigmoid in one op, the routed SwiGLU
-/// experts grouped by expert, and the gated shared expert (qwen3_5_moe).
+/// extra row), softmax/top-k (or the run's dynamic policy)/renormalise with the gate's sigmoid
+/// in one op, the routed SwiGLU experts grouped by expert, and the gated shared expert
+/// (qwen3_5_moe).
 #pragma once
 
 #include <algorithm>
@@ -22,10 +23,10 @@ struct RouteRecord {
   std::size_t layer = 0;
   std::int64_t n_tokens = 0;
   int n_expert = 0;
-  int n_expert_used = 0;
+  int n_expert_used = 0;                  ///< route slots per token
   float const* logits = nullptr;         // [n_tokens, logits_stride]; the first n_expert are the experts'
   std::int64_t logits_stride = 0;
-  std::int32_t const* experts = nullptr;  // [n_tokens, n_expert_used]
+  std::int32_t const* experts = nullptr;  // [n_tokens, n_expert_used]; kernels::kNoExpert: slot unused
   float const* weights = nullptr;         // [n_tokens, n_expert_used]
 };
 /// Called by each MoE layer after routing; the pointers are the kernels' buffers, so a model
@@ -38,10 +39,11 @@ class MoeBlock {
   MoeBlock(ModelConfig const& cfg, MoeWeights const& w, std::size_t layer, RouteObserver const* observer = nullptr)
       : cfg_(cfg), w_(w), layer_(layer), observer_(observer) {}
 
-  /// out = MoE(x). @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
-  void forward(std::int64_t T, float const* x, float* out, Scratch& s, stream_t stream) const {
+  /// out = MoE(x), routed as `b` says. @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
+  void forward(Batch const& b, float const* x, float* out, Scratch& s, stream_t stream) const {
+    std::int64_t const T = b.n_tokens();
     int const n_expert = dim<S.n_expert>(cfg_.n_expert);
-    int const k = dim<S.n_expert_used>(cfg_.n_expert_used);
+    int const k = b.route_slots > 0 ? b.route_slots : dim<S.n_expert_used>(cfg_.n_expert_used);
     std::int64_t const d = dim<S.d_model>(cfg_.d_model);
     bool const shared = w_.shared.has_value();
     float* logits = Scratch::sized(s.router, T * w_.router.rows);
@@ -60,6 +62,8 @@ class MoeBlock {
     r.n_expert = n_expert;
     r.n_expert_used = k;
     r.renormalize = cfg_.norm_topk_prob;
+    r.policy = b.policy;
+    r.token_policies = b.token_policies.empty() ? nullptr : b.token_policies.data();
     r.shared_weights = shared ? shared_gate : nullptr;
     check_launch(kernels::launch_router_topk<S>(Arch{}, r, stream), "router_topk");
     if (observer_ && *observer_)

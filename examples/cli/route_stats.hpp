@@ -5,9 +5,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -66,6 +71,7 @@ inline io::Json route_stats_json(std::vector<runtime::RouteStats> const& stats, 
     for (std::size_t l = 0; l < s.load.size(); ++l)
       layers.push_back({{"layer", l}, {"router_entropy", s.mean_entropy(l)}, {"expert_load", s.load[l]}});
     policies.push_back({{"routing", model::to_string(s.routing)},
+                        {"route_slots", s.slots},
                         {"mean_experts_per_token", s.mean_experts()},
                         {"expert_flops_vs_top_k", s.mean_experts() / top_k_experts},
                         {"perplexity", s.perplexity()},

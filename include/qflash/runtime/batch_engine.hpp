@@ -313,12 +313,13 @@ class BatchEngine final : public Engine {
     }
   }
 
-  /// The prefix cache's salt for s: its cache_salt, and its routing when that differs from
-  /// the engine's (KV computed under other routing is other KV).
+  /// The prefix cache's salt for s: its routing when that differs from the engine's (KV
+  /// computed under other routing is other KV), then its cache_salt. Routing text never holds
+  /// a newline and the salt's length is spelled out, so no two (routing, salt) pairs meet.
   [[nodiscard]] std::string prefix_salt(Sequence const& s) const {
     auto const& p = s.req->params;
-    if (!p.routing || *p.routing == opts_.routing) return p.cache_salt;
-    return p.cache_salt + "\x1frouting=" + model::to_string(*p.routing);
+    std::string const routing = p.routing && *p.routing != opts_.routing ? model::to_string(*p.routing) : "";
+    return routing + "\n" + std::to_string(p.cache_salt.size()) + ":" + p.cache_salt;
   }
 
   /// A choice's sequence before it runs.

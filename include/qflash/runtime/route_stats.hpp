@@ -22,7 +22,7 @@ namespace qflash::runtime {
 
 struct RouteStats {
   model::Routing routing;
-  int n_expert = 0, slots = 0;
+  int slots = 0;  ///< route slots per token
   std::vector<double> entropy_sum;                 ///< [layer] sum over tokens
   std::vector<std::int64_t> layer_tokens;          ///< [layer] tokens seen
   std::vector<std::vector<std::int64_t>> load;     ///< [layer][expert] tokens routed to it
@@ -89,7 +89,6 @@ std::vector<RouteStats> measure_routing(Model& model, std::span<std::int32_t con
   std::vector<RouteStats> stats(policies.size());
   for (std::size_t i = 0; i < policies.size(); ++i) {
     stats[i].routing = policies[i];
-    stats[i].n_expert = cfg.n_expert;
     stats[i].slots = policies[i].slots(cfg.n_expert_used);
   }
   model::Routing const saved = model.routing();

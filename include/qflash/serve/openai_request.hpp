@@ -5,7 +5,8 @@
 ///
 /// What is accepted follows OpenAI's API, with vLLM's sampling extensions (top_k, min_p,
 /// repetition_penalty, ignore_eos, stop_token_ids, cache_salt, priority, chat_template_kwargs,
-/// add_generation_prompt) and the project's `routing` (experts per token, as `--routing` reads it). A field holding null counts as absent, as in OpenAI's API. Fields
+/// add_generation_prompt) and the project's `routing` (experts per token, as `--routing` reads
+/// it). A field holding null counts as absent, as in OpenAI's API. Fields
 /// OpenAI clients send that change nothing here (user, store, metadata, service_tier,
 /// response_format of type text, ...) are accepted; fields that would change the output and
 /// are not supported (tools that may be called, structured output, echo, best_of != n,
@@ -503,15 +504,15 @@ inline ParsedRequest parse_request(Api api, Json const& body, ModelContext const
     case Api::kCompletions:
       f.only({"model", "prompt", "stream", "stream_options", "max_tokens", "n", "temperature", "top_p", "top_k",
               "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "stop",
-              "stop_token_ids", "ignore_eos", "cache_salt", "priority", "routing", "logprobs", "echo", "best_of", "suffix",
-              "logit_bias", "min_tokens", "user", "service_tier", "store", "metadata", "prompt_cache_key",
+              "stop_token_ids", "ignore_eos", "cache_salt", "priority", "routing", "logprobs", "echo", "best_of",
+              "suffix", "logit_bias", "min_tokens", "user", "service_tier", "store", "metadata", "prompt_cache_key",
               "safety_identifier"});
       break;
     case Api::kChat:
       f.only({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n",
               "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
-              "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "cache_salt", "priority", "routing",
-              "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
+              "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "cache_salt", "priority",
+              "routing", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
               "function_call", "response_format", "modalities", "audio", "prediction", "web_search_options",
               "reasoning_effort", "verbosity", "chat_template_kwargs", "add_generation_prompt", "logit_bias",
               "min_tokens", "user", "service_tier", "store", "metadata", "prompt_cache_key", "safety_identifier"});

@@ -12,8 +12,8 @@
 #pragma once
 
 #include <algorithm>
-#include <numeric>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "qflash/arch/cpu_features.hpp"

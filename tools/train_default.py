@@ -21,6 +21,10 @@ Steps (everything seeded; the run is deterministic for a given CPU / thread coun
                  SHA256SUMS.  The reference is computed by transformers from the SAVED checkpoint reloaded with
                  from_pretrained(dtype=float32, attn_implementation="eager").
 
+--arch qwen3_moe trains models/qwen3_moe-micro/ instead: a Qwen3MoeForCausalLM (every layer attention, 4 KV heads,
+16 experts top-4, no shared expert) on the same text with the default model's tokenizer, for KV calibration and
+routing studies (about 20 minutes).
+
 Options for quick checks: --steps N (a short run), --out DIR.
 """
 import os

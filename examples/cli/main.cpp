@@ -127,6 +127,13 @@ runtime::LoadOptions load_options(CommonOptions const& o) {
 
 model::ModelConfig peek_config(CommonOptions const& o) { return cli::peek_config(o.model_dir); }
 
+/// Throws UsageError unless `tokens` (the value of `flag`) fits the model's positions.
+void check_context(std::string const& flag, int tokens, model::ModelConfig const& cfg) {
+  if (tokens > cfg.max_position_embeddings)
+    throw UsageError(flag + " " + std::to_string(tokens) + " is above the model's limit of " +
+                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+}
+
 /// Throws unless the model has weights to run: a directory with only a config.json can be
 /// inspected, not run (checked before the tokenizer, whose absence would say less).
 void require_weights(std::string const& model) {
@@ -268,9 +275,7 @@ int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::Generate
   auto const cfg = peek_config(o);
   gen.sampling = cli::resolve_sampling(sampling, cfg);
   if (!ignore_eos) gen.eos_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
-  if (gen.max_context > cfg.max_position_embeddings)
-    throw UsageError("-c/--ctx-size " + std::to_string(gen.max_context) + " is above the model's limit of " +
-                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+  check_context("-c/--ctx-size", gen.max_context, cfg);
   require_weights(o.model_dir);
   auto tok = load_tokenizer(o.model_dir, cfg);
   auto ids = tok.encode(prompt);
@@ -369,9 +374,7 @@ int cmd_calibrate(CommonOptions const& o, CalibrateOptions const& c) {
   auto const cfg = peek_config(o);
   QFLASH_CHECK(cfg.n_layer_of(model::LayerKind::kFullAttention) > 0, o.model_dir,
                ": the model has no full-attention layer, so no KV to calibrate");
-  if (c.context > cfg.max_position_embeddings)
-    throw UsageError("-c/--context " + std::to_string(c.context) + " is above the model's limit of " +
-                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+  check_context("-c/--context", c.context, cfg);
   std::vector<KvFormat> formats;
   for (auto const& name : c.formats) {
     try {
@@ -442,9 +445,7 @@ int cmd_calibrate(CommonOptions const& o, CalibrateOptions const& c) {
 
 int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int context, std::string const& kl_base) {
   auto const cfg = peek_config(o);
-  if (context > cfg.max_position_embeddings)
-    throw UsageError("-c/--context " + std::to_string(context) + " is above the model's limit of " +
-                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+  check_context("-c/--context", context, cfg);
   require_weights(o.model_dir);
   std::string const text = cli::read_text(text_path, "--text");
   auto tok = load_tokenizer(o.model_dir, cfg);
@@ -474,9 +475,7 @@ int cmd_perplexity(CommonOptions const& o, std::string const& text_path, int con
 /// `qflash route-stats`: routing statistics and each policy's quality and expert compute.
 int cmd_route_stats(CommonOptions const& o, cli::RouteStatsOptions const& r) {
   auto const cfg = peek_config(o);
-  if (r.context > cfg.max_position_embeddings)
-    throw UsageError("-c/--context " + std::to_string(r.context) + " is above the model's limit of " +
-                     std::to_string(cfg.max_position_embeddings) + " tokens (max_position_embeddings)");
+  check_context("-c/--context", r.context, cfg);
   auto const policies = cli::route_stats_policies(r);
   for (auto const& p : policies) {
     try {

@@ -796,24 +796,11 @@ class BatchEngine final : public Engine {
     std::unique_lock lock(metrics_mutex_);
     auto& load = metrics_.expert_load;
     for (std::int64_t t = 0; t < r.n_tokens; ++t) {
-      float const* l = r.logits + t * r.logits_stride;
-      float const mx = *std::max_element(l, l + r.n_expert);
-      double z = 0, zl = 0;
-      for (int e = 0; e < r.n_expert; ++e) {
-        double const x = l[e] - mx, p = std::exp(x);
-        z += p;
-        zl += p * x;
-      }
-      metrics_.router_entropy[r.layer].add(std::log(z) - zl / z);  // -sum p log p with p = exp(x) / z
-      int used = 0;
-      for (int j = 0; j < r.n_expert_used; ++j) {
-        std::int32_t const e = r.experts[t * r.n_expert_used + j];
-        if (e >= 0 && static_cast<std::size_t>(e) < load.size()) {
-          ++load[static_cast<std::size_t>(e)];
-          ++used;
-        }
-      }
-      metrics_.experts_per_token.add(used);
+      metrics_.router_entropy[r.layer].add(r.entropy(t));
+      auto const used = r.used(t);
+      for (std::int32_t e : used)
+        if (static_cast<std::size_t>(e) < load.size()) ++load[static_cast<std::size_t>(e)];
+      metrics_.experts_per_token.add(static_cast<double>(used.size()));
     }
     lock.unlock();
     if (router_log_.is_open() && router_log_bytes_ < opts_.router_log_max_bytes) log_routes(r);
@@ -827,13 +814,11 @@ class BatchEngine final : public Engine {
       if (s.computed >= s.n_prompt && b.n == 1 && row < r.n_tokens) {
         line = "{\"request\":" + io::Json(s.req->params.id).dump() + ",\"choice\":" + std::to_string(s.choice) +
                ",\"position\":" + std::to_string(s.computed) + ",\"layer\":" + std::to_string(r.layer) + ",\"experts\":[";
-        int used = 0;  // a dynamic policy leaves the last slots unused
-        while (used < r.n_expert_used && r.experts[row * r.n_expert_used + used] != kernels::kNoExpert) ++used;
-        for (int j = 0; j < used; ++j)
-          line += (j ? "," : "") + std::to_string(r.experts[row * r.n_expert_used + j]);
+        auto const used = r.used(row);
+        for (std::size_t j = 0; j < used.size(); ++j) line += (j ? "," : "") + std::to_string(used[j]);
         line += "],\"weights\":[";
-        for (int j = 0; j < used; ++j)
-          line += (j ? "," : "") + prom::number(r.weights[row * r.n_expert_used + j]);
+        for (std::size_t j = 0; j < used.size(); ++j)
+          line += (j ? "," : "") + prom::number(r.weights[row * r.n_expert_used + static_cast<std::int64_t>(j)]);
         line += "]}\n";
         router_log_ << line;
         router_log_bytes_ += static_cast<std::int64_t>(line.size());

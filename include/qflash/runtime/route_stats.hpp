@@ -52,22 +52,10 @@ struct RouteStats {
     layer_tokens[r.layer] += r.n_tokens;
     experts_per_token.resize(static_cast<std::size_t>(r.n_expert_used) + 1, 0);
     for (std::int64_t t = 0; t < r.n_tokens; ++t) {
-      float const* l = r.logits + t * r.logits_stride;
-      double const mx = *std::max_element(l, l + r.n_expert);
-      double z = 0, zx = 0;
-      for (int e = 0; e < r.n_expert; ++e) {
-        double const x = l[e] - mx, p = std::exp(x);
-        z += p;
-        zx += p * x;
-      }
-      entropy_sum[r.layer] += std::log(z) - zx / z;
-      int used = 0;
-      for (int j = 0; j < r.n_expert_used; ++j)
-        if (std::int32_t const e = r.experts[t * r.n_expert_used + j]; e != kernels::kNoExpert) {
-          ++load[r.layer][static_cast<std::size_t>(e)];
-          ++used;
-        }
-      ++experts_per_token[static_cast<std::size_t>(used)];
+      entropy_sum[r.layer] += r.entropy(t);
+      auto const used = r.used(t);
+      for (std::int32_t e : used) ++load[r.layer][static_cast<std::size_t>(e)];
+      ++experts_per_token[used.size()];
       ++token_layers;
     }
   }

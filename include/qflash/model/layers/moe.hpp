@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -28,6 +29,26 @@ struct RouteRecord {
   std::int64_t logits_stride = 0;
   std::int32_t const* experts = nullptr;  // [n_tokens, n_expert_used]; kernels::kNoExpert: slot unused
   float const* weights = nullptr;         // [n_tokens, n_expert_used]
+
+  /// Entropy (nats) of token t's softmax over all n_expert router logits.
+  [[nodiscard]] double entropy(std::int64_t t) const {
+    float const* l = logits + t * logits_stride;
+    double const mx = *std::max_element(l, l + n_expert);
+    double z = 0, zx = 0;
+    for (int e = 0; e < n_expert; ++e) {
+      double const x = l[e] - mx, p = std::exp(x);
+      z += p;
+      zx += p * x;
+    }
+    return std::log(z) - zx / z;  // -sum p log p with p = exp(x) / z
+  }
+  /// The experts token t uses: its first slots (a dynamic policy leaves the last ones unused).
+  [[nodiscard]] std::span<std::int32_t const> used(std::int64_t t) const {
+    std::int32_t const* row = experts + t * n_expert_used;
+    int n = 0;
+    while (n < n_expert_used && row[n] != kernels::kNoExpert) ++n;
+    return {row, static_cast<std::size_t>(n)};
+  }
 };
 /// Called by each MoE layer after routing; the pointers are the kernels' buffers, so a model
 /// whose Arch keeps them on a device passes it device memory.

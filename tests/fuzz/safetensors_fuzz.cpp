@@ -17,18 +17,7 @@
 #include "fuzz_support.hpp"
 // The CPU kernel bodies, so Model<generic, Cpu> instantiates here (scripts/fuzz builds one TU,
 // without the generated instance library).
-#include "qflash/kernels/add_rmsnorm/cpu.hpp"
-#include "qflash/kernels/attention/cpu.hpp"
-#include "qflash/kernels/causal_conv1d/cpu.hpp"
-#include "qflash/kernels/embedding/cpu.hpp"
-#include "qflash/kernels/expert_ffn/cpu.hpp"
-#include "qflash/kernels/gated_delta/cpu.hpp"
-#include "qflash/kernels/gated_rmsnorm/cpu.hpp"
-#include "qflash/kernels/gdn_gates/cpu.hpp"
-#include "qflash/kernels/kv_append/cpu.hpp"
-#include "qflash/kernels/linear/cpu.hpp"
-#include "qflash/kernels/qk_norm_rope/cpu.hpp"
-#include "qflash/kernels/router_topk/cpu.hpp"
+#include "qflash/kernels/cpu.hpp"
 
 namespace {
 

@@ -413,10 +413,15 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every we
       a.n_expert_used = k;
       a.out = ref_out.data();
       ref::expert_ffn(a);
-      a.out = out.data();
-      REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
-      auto r = all_close<float, float>(out, ref_out, Tolerance{5e-5, 1e-5});
-      CHECK_MESSAGE(r.ok, r.report);
+      for (bool fused : {true, false}) {  // fusion::SwiGluInExperts, fusion::SwiGluSeparate
+        CAPTURE(fused);
+        std::fill(out.begin(), out.end(), 1.0f);
+        a.out = out.data();
+        a.fused_swiglu = fused;
+        REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+        auto r = all_close<float, float>(out, ref_out, Tolerance{5e-5, 1e-5});
+        CHECK_MESSAGE(r.ok, r.report);
+      }
       routes[0] = n_expert;
       CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
     }
@@ -472,6 +477,81 @@ TEST_CASE("expert_ffn: a shared expert of another width and mixed formats, in on
       CHECK_MESSAGE(r.ok, r.report);
     }
     a.shared_weights = nullptr;
+    CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+  }
+}
+
+TEST_CASE("expert_ffn: LoRA updates per token (two adapters and none), routed and shared, equal the reference") {
+  int const n_expert = 5, k = 2, d_model = 64, d_ff = 32, d_ff_shared = 48;
+  std::vector<OwnedMatrix> store;
+  store.reserve(128);
+  auto make = [&](WeightFormat f, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+    auto w = test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
+    return store.emplace_back(encode_matrix(f, w.data(), rows, cols)).view;
+  };
+  auto low_rank = [&](int r, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+    return LowRank{make(WeightFormat::kF32, r, cols, seed), make(WeightFormat::kF32, rows, r, seed + 1)};
+  };
+  std::vector<ExpertWeights> experts;
+  for (int e = 0; e < n_expert; ++e)
+    experts.push_back({make(WeightFormat::kQ8_0, d_ff, d_model, 10 + 3 * e), make(WeightFormat::kQ8_0, d_ff, d_model, 11 + 3 * e),
+                       make(WeightFormat::kQ8_0, d_model, d_ff, 12 + 3 * e)});
+  ExpertWeights const shared{make(WeightFormat::kBf16, d_ff_shared, d_model, 90), make(WeightFormat::kBf16, d_ff_shared, d_model, 91),
+                             make(WeightFormat::kBf16, d_model, d_ff_shared, 92)};
+  // Adapter 1 (rank 4) updates every routed projection and the shared down; adapter 2 (rank 2)
+  // only the routed up projections, so some pairs have updates and others not.
+  std::vector<LowRank> g1, u1, d1, u2;
+  for (int e = 0; e < n_expert; ++e) {
+    g1.push_back(low_rank(4, d_ff, d_model, 200 + 10 * e));
+    u1.push_back(low_rank(4, d_ff, d_model, 202 + 10 * e));
+    d1.push_back(low_rank(4, d_model, d_ff, 204 + 10 * e));
+    u2.push_back(low_rank(2, d_ff, d_model, 300 + 10 * e));
+  }
+  ExpertLora l1{g1, u1, d1, {}, {}, low_rank(4, d_model, d_ff_shared, 400)};
+  ExpertLora l2{{}, u2, {}, {}, {}, {}};
+  for (int n_tok : {1, 7}) {
+    CAPTURE(n_tok);
+    auto x = test::random_floats(static_cast<std::size_t>(n_tok * d_model), 7);
+    std::vector<std::int32_t> routes;
+    std::vector<float> rw, sw;
+    std::vector<ExpertLora const*> token_lora;
+    for (int t = 0; t < n_tok; ++t) {
+      for (int j = 0; j < k; ++j) {
+        routes.push_back((t * 3 + j * 2) % n_expert);
+        rw.push_back(0.3f + 0.2f * static_cast<float>(j));
+      }
+      sw.push_back(0.5f);
+      token_lora.push_back(t % 3 == 0 ? &l1 : t % 3 == 1 ? &l2 : nullptr);
+    }
+    std::vector<float> out(static_cast<std::size_t>(n_tok * d_model), 0.25f), ref_out(out), base_out(out);
+    ExpertFfnArgs a{};
+    a.experts = experts;
+    a.x = x.data();
+    a.routes = routes.data();
+    a.route_weights = rw.data();
+    a.n_tokens = n_tok;
+    a.n_expert_used = k;
+    a.shared = &shared;
+    a.shared_weights = sw.data();
+    a.out = base_out.data();
+    ref::expert_ffn(a);  // without the adapters: must differ where a token has one
+    a.token_lora = token_lora.data();
+    a.out = ref_out.data();
+    ref::expert_ffn(a);
+    CHECK(std::abs(ref_out[0] - base_out[0]) > 1e-3f);
+    for (bool fused : {true, false}) {
+      CAPTURE(fused);
+      std::vector<float> got(out);
+      a.out = got.data();
+      a.fused_swiglu = fused;
+      REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+      auto r = all_close<float, float>(got, ref_out, Tolerance{2e-4, 1e-4});
+      CHECK_MESSAGE(r.ok, r.report);
+    }
+    // An update of the wrong shape is refused.
+    ExpertLora bad = l1;
+    bad.shared_down = low_rank(4, d_model, d_ff, 500);
+    token_lora[0] = &bad;
     CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
   }
 }

@@ -199,10 +199,15 @@ TEST_CASE("routing: the expert FFN skips unused slots and equals the reference i
     a.n_expert_used = slots;
     a.out = ref_out.data();
     ref::expert_ffn(a);
-    a.out = out.data();
-    REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
-    auto const r = test::all_close<float, float>(out, ref_out, test::Tolerance{5e-5, 1e-5});
-    CHECK_MESSAGE(r.ok, r.report);
+    for (bool fused : {true, false}) {  // both SwiGLU fusion variants skip the unused slots
+      CAPTURE(fused);
+      std::fill(out.begin(), out.end(), 0.5f);
+      a.out = out.data();
+      a.fused_swiglu = fused;
+      REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+      auto const r = test::all_close<float, float>(out, ref_out, test::Tolerance{5e-5, 1e-5});
+      CHECK_MESSAGE(r.ok, r.report);
+    }
     // An id below kNoExpert is still an error.
     routes[1] = -2;
     CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
@@ -246,6 +251,16 @@ TEST_CASE("routing: --routing text round-trips; bad text names what is wrong") {
   CHECK_THROWS_WITH_AS(model::check_routing(parse_routing("top_p=0.9,k_min=6"), 16, 4),
                        doctest::Contains("k_min 6 is above the 4 route slots"), Error);
   CHECK_NOTHROW(model::check_routing(parse_routing("top_p=0.9,k_min=6,k_max=8"), 16, 4));
+
+  // The policies as types are the Routing their text parses to; out-of-range values are refused.
+  CHECK(model::Routing(routing::TopK{}) == parse_routing("top_k"));
+  CHECK(model::Routing(routing::TopK{.k = 2}) == parse_routing("top_k=2"));
+  CHECK(model::Routing(routing::TopP{.p = 0.75f, .k_min = 2}) == parse_routing("top_p=0.75,k_min=2"));
+  CHECK(model::Routing(routing::Threshold{.threshold = 0.05f, .k_max = 6}) == parse_routing("threshold=0.05,k_max=6"));
+  CHECK_THROWS_WITH_AS(model::check_routing(routing::TopP{.p = 1.5f}, 16, 4), doctest::Contains("top_p must be in (0, 1]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(model::check_routing(routing::Threshold{.threshold = 0.1f, .k_min = 0}, 16, 4),
+                       doctest::Contains("k_min >= 1"), Error);
 }
 
 TEST_CASE("routing: per-token policies and k_max equal routing each token alone") {

@@ -204,6 +204,28 @@ TEST_CASE("synthetic_config: the presets' fields, layer patterns and bounds") {
   }
 }
 
+TEST_CASE("spec_config: a spec's own shapes, laid out as its family's models; dynamic specs refused") {
+  auto const c = runtime::spec_config(spec::qwen3_5_moe_micro, 6, 300);
+  CHECK(c.spec(KvScheme::kAny, spec::qwen3_5_moe_micro.weights) == spec::qwen3_5_moe_micro);
+  CHECK(c.n_layer == 6);
+  CHECK(c.vocab == 300);
+  CHECK(c.layer_types == std::vector{LayerKind::kLinearAttention, LayerKind::kLinearAttention,
+                                     LayerKind::kLinearAttention, LayerKind::kFullAttention,
+                                     LayerKind::kLinearAttention, LayerKind::kLinearAttention});
+  CHECK(c.attn_output_gate);
+  CHECK(c.zero_centered_norms);
+  auto const q = runtime::spec_config(spec::qwen3_30b_a3b, 2, 64);
+  CHECK(q.n_layer_of(LayerKind::kFullAttention) == 2);
+  CHECK_FALSE(q.zero_centered_norms);
+  test::expect_error([] { (void)runtime::spec_config(spec::generic, 2, 64); }, {"family"});
+  test::expect_error([] {
+    MoeSpec s = spec::qwen3_30b_a3b;
+    s.d_model = kDynamic;
+    (void)runtime::spec_config(s, 2, 64);
+  }, {"dynamic shape field"});
+  test::expect_error([] { (void)runtime::spec_config(spec::qwen3_30b_a3b, 0, 64); }, {"at least 1 layer"});
+}
+
 TEST_CASE("synthetic_model: every weight of the preset's shapes, in the scheme's formats; bytes per token") {
   // Qwen3.6 with 2 layers (one Gated DeltaNet, one gated attention); Qwen3-30B's layers are
   // all alike, so 1 layer covers them. bf16 takes 3.3 GB for the former.

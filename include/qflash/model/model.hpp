@@ -1,9 +1,10 @@
 /// @file
-/// The text model of both supported families, `Model<Spec, Arch>`: qwen3_5_moe (Gated
+/// The text model of both supported families, `Model<Spec, Arch, Fusion>`: qwen3_5_moe (Gated
 /// DeltaNet and gated full attention, (1+w) norms, routed experts plus a sigmoid-gated shared
 /// expert) and qwen3_moe (GQA attention, plain norms, routed experts), stacked from the layer
 /// classes in model/layers/. Only kernels' op.hpp are included: every launcher takes `Arch`
-/// from the template, and its instance comes from the generated instance TUs.
+/// from the template, and its instance comes from the generated instance TUs. `Fusion`
+/// (model/fusion.hpp) picks which adjacent steps run as one pass.
 ///
 /// `forward` takes a ragged batch: each entry is one sequence's new tokens (a prefill chunk or
 /// one decode token) with its caches. Projections and experts run over all rows of the batch
@@ -26,6 +27,7 @@
 #include "qflash/kernels/embedding/op.hpp"
 #include "qflash/model/cache.hpp"
 #include "qflash/model/config.hpp"
+#include "qflash/model/fusion.hpp"
 #include "qflash/model/layers/common.hpp"
 #include "qflash/model/layers/gated_attention.hpp"
 #include "qflash/model/layers/gated_deltanet.hpp"
@@ -59,14 +61,16 @@ inline WeightFormat uniform_format(ModelWeights const& w) {
   return f;
 }
 
-/// @tparam S     the compiled spec; its static fields are the kernels' compile-time shapes
-/// @tparam Arch  arch::Cpu, arch::Sm80 or arch::Sm90a
-template <MoeSpec S = spec::generic, class Arch = arch::Cpu>
+/// @tparam S       the compiled spec; its static fields are the kernels' compile-time shapes
+/// @tparam Arch    arch::Cpu, arch::Sm80 or arch::Sm90a
+/// @tparam Fusion  which adjacent steps run fused (model/fusion.hpp); the same math either way
+template <MoeSpec S = spec::generic, class Arch = arch::Cpu, fusion::FusionVariant Fusion = fusion::Default>
 class Model {
   static_assert(valid(S), "Model: the spec is invalid (see why_invalid)");
 
  public:
   static constexpr MoeSpec spec = S;
+  using fusion_variant = Fusion;
 
   /// @param storage  keeps the bytes behind `weights` alive (mapped files, quantized buffers)
   Model(ModelConfig cfg, ModelWeights weights, std::shared_ptr<void const> storage, ModelOptions opts = {})
@@ -133,20 +137,22 @@ class Model {
     check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding");
     seen(0, h);
 
-    // Each layer's closing residual add (h += moe) is fused into the next norm.
+    // AddInNorm: each residual add (h += mixer, h += moe) is fused into the norm after it.
+    // AddInProjection: the mixer's output projection and the experts' combine add into h.
+    constexpr bool in_norm = Fusion::add_in_norm;
+    float* const out = in_norm ? mix : h;
     for (std::size_t l = 0; l < w_.layers.size(); ++l) {
       LayerWeights const& lw = w_.layers[l];
-      if (l == 0)
+      if (l == 0 || !in_norm)
         norm(h, nullptr, lw.input_norm, xn, T);
-      else {
+      else
         norm(mix, h, lw.input_norm, xn, T);  // h += moe of layer l - 1; xn = norm(h)
-        seen(static_cast<int>(l), h);
-      }
-      std::visit([&](auto const& mixer) { mixer.forward(batch_, xn, mix, scratch_, stream); }, mixers_[l]);
-      norm(mix, h, lw.post_norm, xn, T);  // h += mixer; xn = norm(h)
-      moe_[l].forward(batch_, xn, mix, scratch_, stream);
+      if (l > 0) seen(static_cast<int>(l), h);
+      std::visit([&](auto const& mixer) { mixer.forward(batch_, xn, out, scratch_, stream, !in_norm); }, mixers_[l]);
+      norm(in_norm ? mix : h, in_norm ? h : nullptr, lw.post_norm, xn, T);  // (h += mixer;) xn = norm(h)
+      moe_[l].forward(batch_, xn, out, scratch_, stream, !in_norm, Fusion::fused_swiglu);
     }
-    norm(mix, h, w_.final_norm, xn, T);
+    norm(in_norm ? mix : h, in_norm ? h : nullptr, w_.final_norm, xn, T);
     seen(cfg_.n_layer, h);
     seen(cfg_.n_layer + 1, xn);
 

@@ -16,11 +16,42 @@
 #include "qflash/core/error.hpp"
 #include "qflash/kernels/router_topk/op.hpp"
 
+/// The routing policies as types, for code that picks one by hand (docs/research.md lists
+/// them with the fusion variants); each converts to the model::Routing its text parses to.
+namespace qflash::routing {
+struct TopK {  ///< "top_k[=k]"
+  int k = 0;   ///< 0: the model's top-k
+};
+struct TopP {  ///< "top_p=p[,k_min=..][,k_max=..]"
+  float p = 0.9f;
+  int k_min = 1;
+  int k_max = 0;  ///< 0: the model's top-k
+};
+struct Threshold {  ///< "threshold=t[,k_min=..][,k_max=..]"
+  float threshold = 0.1f;
+  int k_min = 1;
+  int k_max = 0;  ///< 0: the model's top-k
+};
+}  // namespace qflash::routing
+
 namespace qflash::model {
 
 struct Routing {
   kernels::RoutingPolicy policy;
   int k_max = 0;  ///< route slots per token (0: the model's top-k)
+
+  Routing() = default;
+  Routing(routing::TopK t) : k_max(t.k) {}  // NOLINT(google-explicit-constructor): a policy is a Routing
+  Routing(routing::TopP t) : k_max(t.k_max) {  // NOLINT(google-explicit-constructor)
+    policy.kind = kernels::RoutingPolicy::Kind::kTopP;
+    policy.p = t.p;
+    policy.k_min = t.k_min;
+  }
+  Routing(routing::Threshold t) : k_max(t.k_max) {  // NOLINT(google-explicit-constructor)
+    policy.kind = kernels::RoutingPolicy::Kind::kThreshold;
+    policy.threshold = t.threshold;
+    policy.k_min = t.k_min;
+  }
 
   /// Route slots per token for a model whose top-k is `model_k`.
   [[nodiscard]] int slots(int model_k) const { return k_max > 0 ? k_max : model_k; }
@@ -118,6 +149,8 @@ inline std::string to_string(Routing const& r) {
 
 /// Checks `r` against a model of `n_expert` experts; errors say what to change.
 inline void check_routing(Routing const& r, int n_expert, int model_k) {
+  QFLASH_CHECK(kernels::valid(r.policy) && r.k_max >= 0, "routing '", to_string(r),
+               "': top_p must be in (0, 1], threshold in [0, 1], k_min >= 1 and k_max >= 0");
   int const slots = r.slots(model_k);
   QFLASH_CHECK(slots <= n_expert, "routing '", to_string(r), "': ", slots, " experts per token, the model has ",
                n_expert);

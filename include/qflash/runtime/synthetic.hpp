@@ -29,6 +29,7 @@
 #include "qflash/numeric/weight_format.hpp"
 #include "qflash/runtime/load_model.hpp"
 #include "qflash/runtime/weight_plan.hpp"
+#include "qflash/spec/presets.hpp"
 
 namespace qflash::runtime {
 
@@ -62,10 +63,68 @@ inline SyntheticPreset const& synthetic_preset(std::string_view name) {
   QFLASH_FAIL("unknown synthetic preset '", name, "' (known: ", synthetic_preset_names(), ")");
 }
 
-/// The config of preset `preset` (MODELS.md §1 and §4) cut to `n_layer` layers and `vocab`
-/// tokens (0: 4 layers, the real vocabulary). Layer i is full attention where the real model's
-/// is (i % 4 == 3 for qwen3_6_35b_a3b); a cut with no full-attention layer gets its last layer
-/// as one (as tools/make_random_checkpoint.py does), so every layer kind is measured.
+/// The config of a model with spec `s`'s shapes (every shape field static), `n_layer` layers
+/// and `vocab` tokens, laid out as its family's real models are: qwen3_5_moe's layer i is full
+/// attention when i % 4 == 3 (a model with none gets its last layer as one, so every layer
+/// kind runs), with the output gate, (1 + w) norms, partial RoPE (a quarter of each head) at
+/// base 1e7; qwen3_moe's layers are all full attention, plain norms, full RoPE at base 1e6.
+/// What a research build instantiates its own spec with (runtime/research.hpp).
+/// @throws Error for a spec with a dynamic or invalid shape, or n_layer / vocab below 1
+inline model::ModelConfig spec_config(MoeSpec const& s, int n_layer, int vocab) {
+  QFLASH_CHECK(s.family == ModelFamily::kQwen35Moe || s.family == ModelFamily::kQwen3Moe,
+               "spec_config: the spec's family must be kQwen35Moe or kQwen3Moe");
+  QFLASH_CHECK(n_layer >= 1 && vocab >= 1, "spec_config: needs at least 1 layer and 1 token, got ", n_layer,
+               " layers and ", vocab, " tokens");
+  for (int v : {s.d_model, s.n_head, s.n_head_kv, s.d_head, s.n_expert, s.n_expert_used, s.d_ff_expert,
+                s.d_ff_shared, s.n_head_k_linear, s.n_head_v_linear, s.d_head_k_linear, s.d_head_v_linear, s.d_conv})
+    QFLASH_CHECK(v != kDynamic, "spec_config: ", to_string(s), " has a dynamic shape field; every one must be set");
+  model::ModelConfig c;
+  c.source = to_string(s);
+  c.n_layer = n_layer;
+  c.vocab = vocab;
+  c.d_model = s.d_model;
+  c.n_head = s.n_head;
+  c.n_head_kv = s.n_head_kv;
+  c.d_head = s.d_head;
+  c.n_expert = s.n_expert;
+  c.n_expert_used = s.n_expert_used;
+  c.d_ff_expert = s.d_ff_expert;
+  c.d_ff_shared = s.d_ff_shared;
+  c.n_head_k_linear = s.n_head_k_linear;
+  c.n_head_v_linear = s.n_head_v_linear;
+  c.d_head_k_linear = s.d_head_k_linear;
+  c.d_head_v_linear = s.d_head_v_linear;
+  c.d_conv = s.d_conv;
+  c.rms_norm_eps = 1e-6f;
+  c.norm_topk_prob = true;
+  c.tie_word_embeddings = false;
+  c.dtype = DType::kBF16;
+  c.decoder_sparse_step = 1;
+  c.family = s.family;
+  if (s.family == ModelFamily::kQwen35Moe) {
+    c.model_type = "qwen3_5_moe";
+    for (int i = 0; i < n_layer; ++i)
+      c.layer_types.push_back(i % 4 == 3 ? model::LayerKind::kFullAttention : model::LayerKind::kLinearAttention);
+    if (c.n_layer_of(model::LayerKind::kFullAttention) == 0) c.layer_types.back() = model::LayerKind::kFullAttention;
+    c.rope_theta = 1e7f;
+    c.partial_rotary_factor = 0.25f;
+    c.attn_output_gate = true;
+    c.zero_centered_norms = true;
+    c.max_position_embeddings = 262144;
+  } else {
+    c.model_type = "qwen3_moe";
+    c.layer_types.assign(static_cast<std::size_t>(n_layer), model::LayerKind::kFullAttention);
+    c.rope_theta = 1e6f;
+    c.partial_rotary_factor = 1.0f;
+    c.max_position_embeddings = 40960;
+  }
+  c.rotary_dim = static_cast<int>(static_cast<float>(c.d_head) * c.partial_rotary_factor);
+  (void)c.spec(KvScheme::kBf16, WeightFormat::kAny);  // checks the shapes
+  return c;
+}
+
+/// The config of preset `preset` (MODELS.md §1 and §4, spec/presets.hpp) cut to `n_layer`
+/// layers and `vocab` tokens (0: 4 layers, the real vocabulary), laid out as spec_config says.
 /// End-of-sequence and other special ids outside a smaller vocabulary are dropped.
 /// @throws Error for an unknown preset, or n_layer / vocab outside [1, the real model's]
 inline model::ModelConfig synthetic_config(std::string_view preset, int n_layer = 0, int vocab = 0) {
@@ -76,66 +135,17 @@ inline model::ModelConfig synthetic_config(std::string_view preset, int n_layer 
                " layers is outside [1, ", p.n_layer, "] (the real model has ", p.n_layer, ")");
   QFLASH_CHECK(vocab >= 1 && vocab <= p.vocab, "synthetic ", p.name, ": vocabulary ", vocab,
                " is outside [1, ", p.vocab, "] (the real model's is ", p.vocab, ")");
-
-  model::ModelConfig c;
+  bool const qwen36 = p.name == "qwen3_6_35b_a3b";
+  model::ModelConfig c = spec_config(qwen36 ? spec::qwen3_6_35b_a3b : spec::qwen3_30b_a3b, n_layer, vocab);
   c.source = "synthetic " + std::string(p.name);
-  c.n_layer = n_layer;
-  c.vocab = vocab;
-  c.d_model = 2048;
-  c.rms_norm_eps = 1e-6f;
-  c.norm_topk_prob = true;
-  c.tie_word_embeddings = false;
-  c.dtype = DType::kBF16;
-  c.decoder_sparse_step = 1;
-  std::vector<int> eos, bos;
-  if (p.name == "qwen3_6_35b_a3b") {
-    c.model_type = "qwen3_5_moe";
-    c.family = ModelFamily::kQwen35Moe;
-    c.n_head = 16;
-    c.n_head_kv = 2;
-    c.d_head = 256;
-    c.n_expert = 256;
-    c.n_expert_used = 8;
-    c.d_ff_expert = 512;
-    c.d_ff_shared = 512;
-    c.n_head_k_linear = 16;
-    c.n_head_v_linear = 32;
-    c.d_head_k_linear = 128;
-    c.d_head_v_linear = 128;
-    c.d_conv = 4;
-    for (int i = 0; i < n_layer; ++i)
-      c.layer_types.push_back(i % 4 == 3 ? model::LayerKind::kFullAttention : model::LayerKind::kLinearAttention);
-    if (c.n_layer_of(model::LayerKind::kFullAttention) == 0) c.layer_types.back() = model::LayerKind::kFullAttention;
-    c.rope_theta = 1e7f;
-    c.partial_rotary_factor = 0.25f;
-    c.attn_output_gate = true;
-    c.zero_centered_norms = true;
-    c.max_position_embeddings = 262144;
-    eos = {248044, 248046};  // text_config's, then generation_config's
-    bos = {248044};          // also the pad id
-  } else {  // qwen3_30b_a3b
-    c.model_type = "qwen3_moe";
-    c.family = ModelFamily::kQwen3Moe;
-    c.n_head = 32;
-    c.n_head_kv = 4;
-    c.d_head = 128;
-    c.n_expert = 128;
-    c.n_expert_used = 8;
-    c.d_ff_expert = 768;
-    c.d_ff_dense = 6144;  // config.json's intermediate_size; no layer is dense
-    c.layer_types.assign(static_cast<std::size_t>(n_layer), model::LayerKind::kFullAttention);
-    c.rope_theta = 1e6f;
-    c.partial_rotary_factor = 1.0f;
-    c.max_position_embeddings = 40960;
-    eos = {151645};
-    bos = {151643};
-  }
-  c.rotary_dim = static_cast<int>(static_cast<float>(c.d_head) * c.partial_rotary_factor);
+  // config.json's, then generation_config's end-of-sequence ids; bos (qwen3_5_moe: also pad)
+  std::vector<int> const eos = qwen36 ? std::vector<int>{248044, 248046} : std::vector<int>{151645};
+  int const bos = qwen36 ? 248044 : 151643;
+  if (!qwen36) c.d_ff_dense = 6144;  // config.json's intermediate_size; no layer is dense
   for (int id : eos)
     if (id < vocab) c.eos_token_ids.push_back(id);
-  if (bos[0] < vocab) c.bos_token_id = bos[0];
-  if (c.family == ModelFamily::kQwen35Moe && bos[0] < vocab) c.pad_token_id = bos[0];
-  (void)c.spec(KvScheme::kBf16, WeightFormat::kAny);  // checks the shapes
+  if (bos < vocab) c.bos_token_id = bos;
+  if (qwen36 && bos < vocab) c.pad_token_id = bos;
   return c;
 }
 

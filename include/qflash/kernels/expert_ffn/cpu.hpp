@@ -1,17 +1,22 @@
 /// @file
 /// CPU kernels/expert_ffn in two parallel regions per call, whatever the number of experts:
 ///  1. gate and up: work items are (expert, block of d_ff rows); each computes both
-///     projections of the block for all the expert's tokens and applies SwiGLU to it.
+///     projections of the block for all the expert's tokens and applies SwiGLU to it
+///     (fused_swiglu = false: one region for every gate block, one for every up block, one
+///     for SwiGLU).
 ///  2. down and the weighted combine: work items are blocks of d_model output rows; each
 ///     runs every active expert's down rows of the block and adds them, weighted, into its
 ///     tokens' outputs (items own their output rows, so no two threads add into one value).
 /// Every expert's weights are read once per call; activations read by quantized formats are
 /// quantized once per call (tokens once, SwiGLU outputs once). The shared expert, when given,
-/// is one more expert that every token uses. Scratch persists across calls (thread_local in
-/// the calling thread), so a decode step allocates nothing once warm.
+/// is one more expert that every token uses. LoRA updates (token_lora) add B (A x) to each
+/// block of gate/up rows and to each block of output rows, A x computed once per pair.
+/// Scratch persists across calls (thread_local in the calling thread), so a decode step
+/// allocates nothing once warm.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -50,6 +55,7 @@ struct ExpertScratch {
     ExpertWeights const* w;
     std::int64_t begin;  ///< its first row in the pair order (tokens, weights, act rows)
     std::int64_t n;      ///< its tokens
+    std::int32_t expert;  ///< its id; -1: the shared expert
   };
   std::vector<Active> active;
   std::vector<std::int64_t> count;
@@ -58,7 +64,60 @@ struct ExpertScratch {
   std::vector<float> gate, up;       ///< [pairs, d_ff_max]; gate ends as the SwiGLU output
   std::vector<std::byte> xq[kActBlockKinds], act_q[kActBlockKinds];
   SlotScratch<float> rows;  ///< kernels/linear's per-slot scratch
+  /// LoRA: each pair's updates of gate, up and down (null: none), [pairs, 3], and A times the
+  /// pair's input for each, lora_rank floats apiece, [pairs, 3, lora_rank].
+  std::vector<LowRank const*> lora;
+  std::vector<float> lora_u;
+  std::int64_t lora_rank = 0;
 };
+
+/// y[o] += sum_j B[o, j] u[j] for rows [o0, o1) of an update's B.
+inline void add_low_rank_rows(LowRank const& d, float const* u, std::int64_t o0, std::int64_t o1, float* y,
+                              float scale = 1.0f) {
+  auto const* b = static_cast<float const*>(d.b.data);
+  std::int64_t const r = d.rank();
+  for (std::int64_t o = o0; o < o1; ++o) {
+    float acc = 0;
+    for (std::int64_t j = 0; j < r; ++j) acc += b[o * r + j] * u[j];
+    y[o] += scale * acc;
+  }
+}
+
+/// u = A v for an update's A [r, n].
+inline void low_rank_project(LowRank const& d, float const* v, float* u) {
+  auto const* a = static_cast<float const*>(d.a.data);
+  std::int64_t const n = d.a.cols;
+  for (std::int64_t j = 0; j < d.rank(); ++j) {
+    float acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (std::int64_t i = 0; i < n; ++i) acc += a[j * n + i] * v[i];
+    u[j] = acc;
+  }
+}
+
+/// Fills s.lora for the pairs whose token has an adapter; false when no pair has an update.
+inline bool bind_expert_lora(ExpertFfnArgs const& a, ExpertScratch& s, std::int64_t total) {
+  s.lora.assign(static_cast<std::size_t>(total * 3), nullptr);
+  s.lora_rank = 0;
+  for (auto const& e : s.active)
+    for (std::int64_t p = e.begin; p < e.begin + e.n; ++p) {
+      ExpertLora const* l = a.token_lora[s.tokens[static_cast<std::size_t>(p)]];
+      if (!l) continue;
+      auto const& d = e.expert < 0 ? std::array<LowRank const*, 3>{&l->shared_gate, &l->shared_up, &l->shared_down}
+                                   : std::array<LowRank const*, 3>{
+                                         l->gate.empty() ? nullptr : &l->gate[static_cast<std::size_t>(e.expert)],
+                                         l->up.empty() ? nullptr : &l->up[static_cast<std::size_t>(e.expert)],
+                                         l->down.empty() ? nullptr : &l->down[static_cast<std::size_t>(e.expert)]};
+      for (int k = 0; k < 3; ++k)
+        if (d[static_cast<std::size_t>(k)] && !d[static_cast<std::size_t>(k)]->empty()) {
+          s.lora[static_cast<std::size_t>(p * 3 + k)] = d[static_cast<std::size_t>(k)];
+          s.lora_rank = std::max(s.lora_rank, d[static_cast<std::size_t>(k)]->rank());
+        }
+    }
+  if (s.lora_rank == 0) return false;
+  s.lora_u.resize(static_cast<std::size_t>(total * 3 * s.lora_rank));
+  return true;
+}
 
 /// The op for the weight formats F compiles (kAny: all); arguments already checked.
 template <WeightFormat F>
@@ -84,7 +143,9 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   s.active.clear();
   for (std::int64_t e = 0; e < n_expert; ++e) {
     std::int64_t const n = s.count[static_cast<std::size_t>(e + 1)];
-    if (n > 0) s.active.push_back({&a.experts[static_cast<std::size_t>(e)], s.count[static_cast<std::size_t>(e)], n});
+    if (n > 0)
+      s.active.push_back({&a.experts[static_cast<std::size_t>(e)], s.count[static_cast<std::size_t>(e)], n,
+                          static_cast<std::int32_t>(e)});
     s.count[static_cast<std::size_t>(e + 1)] += s.count[static_cast<std::size_t>(e)];
   }
   s.tokens.resize(static_cast<std::size_t>(total));
@@ -96,7 +157,7 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     s.weights[static_cast<std::size_t>(slot)] = a.route_weights[p];
   }
   if (a.shared) {
-    s.active.push_back({a.shared, n_pairs, a.n_tokens});
+    s.active.push_back({a.shared, n_pairs, a.n_tokens, -1});
     for (std::int64_t t = 0; t < a.n_tokens; ++t) {
       s.tokens[static_cast<std::size_t>(n_pairs + t)] = static_cast<std::int32_t>(t);
       s.weights[static_cast<std::size_t>(n_pairs + t)] = a.shared_weights[t];
@@ -130,18 +191,28 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     p.xq_stride = act_row_bytes(k, d_model);
   };
 
+  // LoRA: A x of every pair's gate and up updates, once per call.
+  bool const lora = a.token_lora && bind_expert_lora(a, s, total);
+  auto lora_u = [&](std::int64_t pair, int k) { return s.lora_u.data() + (pair * 3 + k) * s.lora_rank; };
+  if (lora)
+    parallel_for(0, total, 2 * s.lora_rank * d_model, [&](std::int64_t p) {
+      for (int k = 0; k < 2; ++k)
+        if (LowRank const* d = s.lora[static_cast<std::size_t>(p * 3 + k)])
+          low_rank_project(*d, a.x + s.tokens[static_cast<std::size_t>(p)] * d_model, lora_u(p, k));
+    });
+
   // 1. gate, up, SwiGLU: items (expert, row block).
   int const threads = max_threads();
   std::int64_t const block = row_block(d_ff_max, threads);
   std::int64_t const blocks_per_expert = (d_ff_max + block - 1) / block;
   std::int64_t const n_items = static_cast<std::int64_t>(s.active.size()) * blocks_per_expert;
   std::int64_t const item_work = 2 * block * d_model * std::max<std::int64_t>(1, total / std::max<std::int64_t>(1, static_cast<std::int64_t>(s.active.size())));
-  parallel_for(0, n_items, item_work, [&](std::int64_t item) {
+  // An item's rows [o0, o1) of its expert's `which` projection (gate: 0, up: 1) into `y`.
+  auto project_rows = [&](std::int64_t item, int which, std::int64_t& o0, std::int64_t& o1) -> ExpertScratch::Active const* {
     auto const& e = s.active[static_cast<std::size_t>(item / blocks_per_expert)];
-    std::int64_t const rows = e.w->gate.rows;
-    std::int64_t const o0 = item % blocks_per_expert * block;
-    if (o0 >= rows) return;
-    std::int64_t const o1 = std::min(rows, o0 + block);
+    o0 = item % blocks_per_expert * block;
+    o1 = std::min(e.w->gate.rows, o0 + block);
+    if (o0 >= o1) return nullptr;
     LinearRows p{};
     p.scratch = &s.rows;
     p.x = a.x;
@@ -149,17 +220,48 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     p.ys = d_ff_max;
     p.n_tokens = e.n;
     p.x_index = s.tokens.data() + e.begin;
-    bind_x(p, e.w->gate);
-    p.y = s.gate.data() + e.begin * d_ff_max;
+    bind_x(p, which == 0 ? e.w->gate : e.w->up);
+    p.y = (which == 0 ? s.gate.data() : s.up.data()) + e.begin * d_ff_max;
     linear_rows<F>(isa, p, o0, o1);
-    bind_x(p, e.w->up);
-    p.y = s.up.data() + e.begin * d_ff_max;
-    linear_rows<F>(isa, p, o0, o1);
+    if (lora)
+      for (std::int64_t q = e.begin; q < e.begin + e.n; ++q)
+        if (LowRank const* d = s.lora[static_cast<std::size_t>(q * 3 + which)])
+          add_low_rank_rows(*d, lora_u(q, which), o0, o1, p.y + (q - e.begin) * d_ff_max);
+    return &e;
+  };
+  auto swiglu_rows = [&](ExpertScratch::Active const& e, std::int64_t o0, std::int64_t o1) {
     for (std::int64_t r = 0; r < e.n; ++r) {
       std::int64_t const row = (e.begin + r) * d_ff_max;
       swiglu(isa, s.gate.data() + row + o0, s.up.data() + row + o0, o1 - o0);
     }
-  });
+  };
+  if (a.fused_swiglu) {
+    parallel_for(0, n_items, item_work, [&](std::int64_t item) {
+      std::int64_t o0 = 0, o1 = 0;
+      if (auto const* e = project_rows(item, 0, o0, o1)) {
+        project_rows(item, 1, o0, o1);
+        swiglu_rows(*e, o0, o1);
+      }
+    });
+  } else {  // three passes: every gate block, every up block, then SwiGLU over whole rows
+    for (int which : {0, 1})
+      parallel_for(0, n_items, item_work / 2, [&](std::int64_t item) {
+        std::int64_t o0 = 0, o1 = 0;
+        project_rows(item, which, o0, o1);
+      });
+    parallel_for(0, static_cast<std::int64_t>(s.active.size()), d_ff_max * std::max<std::int64_t>(1, total),
+                 [&](std::int64_t i) {
+                   auto const& e = s.active[static_cast<std::size_t>(i)];
+                   swiglu_rows(e, 0, e.w->gate.rows);
+                 });
+  }
+
+  // LoRA: A act of every pair's down update, on the unrounded SwiGLU output.
+  if (lora)
+    parallel_for(0, total, s.lora_rank * d_ff_max, [&](std::int64_t p) {
+      if (LowRank const* d = s.lora[static_cast<std::size_t>(p * 3 + 2)])
+        low_rank_project(*d, s.gate.data() + p * d_ff_max, lora_u(p, 2));
+    });
 
   // SwiGLU outputs quantized once for the down projections that read blocks.
   bool needs_act_q[kActBlockKinds] = {};
@@ -204,6 +306,11 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
       p.y_index = s.tokens.data() + e.begin;
       p.y_scale = s.weights.data() + e.begin;
       linear_rows<F>(isa, p, o0, o1);
+      if (lora)
+        for (std::int64_t q = e.begin; q < e.begin + e.n; ++q)
+          if (LowRank const* d = s.lora[static_cast<std::size_t>(q * 3 + 2)])
+            add_low_rank_rows(*d, lora_u(q, 2), o0, o1, a.out + s.tokens[static_cast<std::size_t>(q)] * d_model,
+                              s.weights[static_cast<std::size_t>(q)]);
     }
   });
   return Status::kSuccess;

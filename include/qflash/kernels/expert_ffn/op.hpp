@@ -3,7 +3,8 @@
 ///   out[t] += sum_j w[t, j] * Down_e( silu(Gate_e x[t]) * (Up_e x[t]) ),  e = experts[t, j]
 /// plus, when `shared` is given, out[t] += shared_weights[t] * Shared(x[t]) (the gated shared
 /// expert, whose d_ff may differ). Tokens are grouped by expert so each expert's weights are
-/// read once per call.
+/// read once per call. A token with an adapter (token_lora) runs each projection P as
+/// P x + B_P (A_P x) (LoRA, unmerged).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,13 @@ struct ExpertWeights {
   WeightView down;  // [d_model, d_ff]
 };
 
+/// One adapter's low-rank updates of the experts (kernels/linear's LowRank): per routed expert
+/// (empty spans: none), and of the shared expert.
+struct ExpertLora {
+  std::span<LowRank const> gate, up, down;  // [n_expert] each, or empty
+  LowRank shared_gate, shared_up, shared_down;
+};
+
 struct ExpertFfnArgs {
   std::span<ExpertWeights const> experts;  // [n_expert]
   float const* x = nullptr;                 // [n_tokens, d_model]
@@ -34,7 +42,32 @@ struct ExpertFfnArgs {
   int n_expert_used = 0;
   ExpertWeights const* shared = nullptr;  // optional expert every token uses
   float const* shared_weights = nullptr;  // [n_tokens] its weight per token
+  /// Gate, up and SwiGLU in one pass per block of expert rows; false: each its own pass over
+  /// every expert (fusion::SwiGluSeparate, for comparison). Same math either way.
+  bool fused_swiglu = true;
+  /// [n_tokens] each token's adapter (null entries: none), or null for no token: its updates
+  /// run beside gate, up and down, g = Gate x + B_g (A_g x) and so on.
+  ExpertLora const* const* token_lora = nullptr;
 };
+
+/// Whether `l`'s updates fit the experts of `a`.
+inline bool lora_fits(ExpertLora const& l, ExpertFfnArgs const& a) {
+  auto routed = [&](std::span<LowRank const> d, bool down) {
+    if (d.empty()) return true;
+    if (d.size() != a.experts.size()) return false;
+    for (std::size_t e = 0; e < d.size(); ++e) {
+      WeightView const& w = down ? a.experts[e].down : a.experts[e].gate;
+      if (!d[e].fits(w.rows, w.cols)) return false;
+    }
+    return true;
+  };
+  if (!routed(l.gate, false) || !routed(l.up, false) || !routed(l.down, true)) return false;
+  bool const shared_lora = !l.shared_gate.empty() || !l.shared_up.empty() || !l.shared_down.empty();
+  if (!a.shared) return !shared_lora;
+  return l.shared_gate.fits(a.shared->gate.rows, a.shared->gate.cols) &&
+         l.shared_up.fits(a.shared->up.rows, a.shared->up.cols) &&
+         l.shared_down.fits(a.shared->down.rows, a.shared->down.cols);
+}
 
 template <MoeSpec S>
 [[nodiscard]] Status can_implement_expert_ffn(ExpertFfnArgs const& a) {
@@ -48,6 +81,10 @@ template <MoeSpec S>
         e.up.cols != d_model || e.down.rows != d_model || e.down.cols != d_ff)
       return Status::kErrorInvalidProblem;
   if (S.d_model != kDynamic && d_model != S.d_model) return Status::kErrorInvalidProblem;
+  if (a.token_lora)
+    for (std::int64_t t = 0; t < a.n_tokens; ++t)  // sequences' tokens share their adapter: check each once
+      if (ExpertLora const* l = a.token_lora[t]; l && (t == 0 || l != a.token_lora[t - 1]) && !lora_fits(*l, a))
+        return Status::kErrorInvalidProblem;
   if (a.shared) {
     auto const& e = *a.shared;
     if (!a.shared_weights || e.gate.cols != d_model || e.up.cols != d_model || e.up.rows != e.gate.rows ||

@@ -21,6 +21,21 @@ namespace qflash::kernels {
 
 using ::qflash::WeightView;
 
+/// A low-rank update beside a projection (LoRA): y += B (A x), with A [r, n_in] and B [n_out, r]
+/// in f32, B already multiplied by the adapter's scale. Empty (no data): none.
+struct LowRank {
+  WeightView a;
+  WeightView b;
+  [[nodiscard]] bool empty() const { return a.data == nullptr; }
+  [[nodiscard]] std::int64_t rank() const { return a.rows; }
+  /// Empty, or an f32 update of a [rows, cols] matrix.
+  [[nodiscard]] bool fits(std::int64_t rows, std::int64_t cols) const {
+    if (empty()) return true;
+    return a.format == WeightFormat::kF32 && b.format == WeightFormat::kF32 && b.data && a.rows > 0 &&
+           a.cols == cols && b.rows == rows && b.cols == a.rows;
+  }
+};
+
 struct LinearArgs {
   WeightView w;            // [n_out, n_in]
   float const* x = nullptr;  // [n_tokens, n_in], rows x_stride apart

@@ -55,17 +55,18 @@ struct Scratch {
 /// handed a kernel that the compiled instance cannot run is a bug or an unsupported model.
 inline void check_launch(Status s, char const* op) { QFLASH_CHECK_STATUS(s, op); }
 
-/// y = x Wᵀ for `rows` token rows: every projection of the layers.
+/// y = x Wᵀ (y += x Wᵀ when accumulate) for `rows` token rows: every projection of the layers.
 /// @param x  [rows, w.cols]
 /// @param y  [rows, w.rows]
 template <MoeSpec S, class Arch>
 void project(WeightView const& w, float const* x, std::int64_t rows, float* y, stream_t stream,
-             char const* what = "linear") {
+             char const* what = "linear", bool accumulate = false) {
   kernels::LinearArgs a{};
   a.w = w;
   a.x = x;
   a.y = y;
   a.n_tokens = rows;
+  a.accumulate = accumulate;
   check_launch(kernels::launch_linear<S>(Arch{}, a, stream), what);
 }
 

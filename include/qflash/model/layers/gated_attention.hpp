@@ -27,8 +27,9 @@ class GatedAttention {
 
   /// out = Attention(x) for the batch's rows; appends each sequence's K/V to its cache.
   /// @param x    [n_tokens, d_model] normed input
-  /// @param out  [n_tokens, d_model]
-  void forward(Batch const& batch, float const* x, float* out, Scratch& s, stream_t stream) const {
+  /// @param out  [n_tokens, d_model]; added to when accumulate
+  void forward(Batch const& batch, float const* x, float* out, Scratch& s, stream_t stream,
+               bool accumulate = false) const {
     int const nh = dim<S.n_head>(cfg_.n_head), nkv = dim<S.n_head_kv>(cfg_.n_head_kv);
     int const dh = dim<S.d_head>(cfg_.d_head);
     std::int64_t const T = batch.n_tokens();
@@ -74,7 +75,7 @@ class GatedAttention {
       }
       check_launch(kernels::launch_attention<S>(Arch{}, a, stream), "attention");
     }
-    project<S, Arch>(w_.o, o, T, out, stream);
+    project<S, Arch>(w_.o, o, T, out, stream, "o_proj", accumulate);
   }
 
  private:

@@ -31,8 +31,9 @@ class GatedDeltaNet {
       : cfg_(cfg), w_(w), layer_(layer), opts_(opts) {}
 
   /// out = GatedDeltaNet(x) for the batch's rows; advances each sequence's conv and recurrent
-  /// state. @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
-  void forward(Batch const& batch, float const* x, float* out, Scratch& s, stream_t stream) const {
+  /// state. @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model] (added to when accumulate)
+  void forward(Batch const& batch, float const* x, float* out, Scratch& s, stream_t stream,
+               bool accumulate = false) const {
     int const hk = dim<S.n_head_k_linear>(cfg_.n_head_k_linear);
     int const hv = dim<S.n_head_v_linear>(cfg_.n_head_v_linear);
     int const dk = dim<S.d_head_k_linear>(cfg_.d_head_k_linear);
@@ -104,7 +105,7 @@ class GatedDeltaNet {
     gn.n_cols = dv;
     gn.eps = cfg_.rms_norm_eps;
     check_launch(kernels::launch_gated_rmsnorm<S>(Arch{}, gn, stream), "gated_rmsnorm");
-    project<S, Arch>(w_.out, o, T, out, stream);
+    project<S, Arch>(w_.out, o, T, out, stream, "out_proj", accumulate);
   }
 
  private:

@@ -60,8 +60,10 @@ class MoeBlock {
   MoeBlock(ModelConfig const& cfg, MoeWeights const& w, std::size_t layer, RouteObserver const* observer = nullptr)
       : cfg_(cfg), w_(w), layer_(layer), observer_(observer) {}
 
-  /// out = MoE(x), routed as `b` says. @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
-  void forward(Batch const& b, float const* x, float* out, Scratch& s, stream_t stream) const {
+  /// out = MoE(x) (out += when accumulate), routed as `b` says; fused_swiglu picks the experts'
+  /// fusion (model/fusion.hpp). @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
+  void forward(Batch const& b, float const* x, float* out, Scratch& s, stream_t stream, bool accumulate = false,
+               bool fused_swiglu = true) const {
     std::int64_t const T = b.n_tokens();
     int const n_expert = dim<S.n_expert>(cfg_.n_expert);
     int const k = b.route_slots > 0 ? b.route_slots : dim<S.n_expert_used>(cfg_.n_expert_used);
@@ -90,8 +92,9 @@ class MoeBlock {
     if (observer_ && *observer_)
       (*observer_)(RouteRecord{layer_, T, n_expert, k, logits, w_.router.rows, s.routes.data(), weights});
 
-    std::fill_n(out, T * d, 0.0f);
+    if (!accumulate) std::fill_n(out, T * d, 0.0f);
     kernels::ExpertFfnArgs e{};
+    e.fused_swiglu = fused_swiglu;
     e.experts = w_.experts;
     e.x = x;
     e.routes = s.routes.data();

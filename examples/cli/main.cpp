@@ -25,6 +25,7 @@
 #include "flash_config.hpp"
 #include "budget.hpp"
 #include "kv_option.hpp"
+#include "lora_option.hpp"
 #include "route_stats.hpp"
 #include "sampling_option.hpp"
 #include "serve.hpp"
@@ -62,6 +63,7 @@ struct CommonOptions {
   bool no_verify = false;
   cli::KvOptions kv;
   std::string routing;  ///< --routing text; empty: the model's top-k
+  cli::LoraOptions lora;
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
@@ -152,7 +154,9 @@ void with_model(CommonOptions const& o, model::ModelConfig const& cfg, Fn&& fn) 
   apply_threads(o.threads);
   auto opts = load_options(o);
   opts.config = cfg;
-  runtime::with_model(runtime::load_model(o.model_dir, opts), opts.model, fn);
+  auto m = runtime::load_model(o.model_dir, opts);
+  opts.model.lora = cli::apply_loras(o.lora, m);
+  runtime::with_model(std::move(m), opts.model, fn);
 }
 
 /// The model's tokenizer (tokenizer.json beside the weights, or a GGUF file's tokenizer.ggml.*),
@@ -320,8 +324,12 @@ int cmd_chat(CommonOptions const& o, cli::SamplingOptions const& sampling_flags,
   apply_threads(o.threads);
   auto opts = load_options(o);
   opts.config = cfg;
-  auto engine = runtime::make_engine(runtime::load_model(o.model_dir, opts), std::move(tok), eo,
-                                     cli::model_name_of(o.model_dir));
+  auto m = runtime::load_model(o.model_dir, opts);
+  if (auto adapter = cli::apply_loras(o.lora, m)) {
+    eo.default_lora = adapter->name;
+    eo.adapters.push_back(std::move(adapter));
+  }
+  auto engine = runtime::make_engine(std::move(m), std::move(tok), eo, cli::model_name_of(o.model_dir));
   return cli::run_chat(*engine, *chat_template, sampling, c, std::cin);
 }
 
@@ -550,6 +558,7 @@ int main(int argc, char** argv) {
   run->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   cli::add_kv_options(run, common.kv);
   add_routing_option(run, common);
+  cli::add_lora_options(run, common.lora, false);
 
   bool check_weights = false;
   auto* inspect = app.add_subcommand("inspect", "print the architecture, sizes and memory needs of a model (config.json is enough)");
@@ -565,6 +574,7 @@ int main(int argc, char** argv) {
   logits->add_flag("--incremental", incremental, "one token at a time through the caches instead of one full forward");
   cli::add_kv_options(logits, common.kv);
   add_routing_option(logits, common);
+  cli::add_lora_options(logits, common.lora, false);
 
   std::string text_path;
   int context = 0;
@@ -575,6 +585,7 @@ int main(int argc, char** argv) {
       ->check(cli::integer_in(0));
   cli::add_kv_options(ppl, common.kv);
   add_routing_option(ppl, common);
+  cli::add_lora_options(ppl, common.lora, false);
   std::string kl_base;
   ppl->add_option("--kl-base", kl_base,
                   "also print the mean KL divergence of the next-token distributions from those with KV stored in "
@@ -628,6 +639,7 @@ int main(int argc, char** argv) {
   add_common(serve, common);
   cli::add_kv_options(serve, common.kv);
   add_routing_option(serve, common);
+  cli::add_lora_options(serve, common.lora, true);
   cli::add_serve_options(serve, serve_opts);
 
   cli::ChatOptions chat_opts;
@@ -637,6 +649,7 @@ int main(int argc, char** argv) {
   add_common(chat, common);
   cli::add_kv_options(chat, common.kv);
   add_routing_option(chat, common);
+  cli::add_lora_options(chat, common.lora, false);
   cli::add_sampling_options(chat, chat_sampling);
   chat->add_option("--system", chat_opts.system, "a system message that starts the conversation");
   chat->add_option("-n,--max-tokens", chat_opts.max_tokens, "tokens per answer at most")
@@ -703,6 +716,7 @@ int main(int argc, char** argv) {
     if (*run || *logits || *ppl || *serve || *chat) cli::check_kv_options(common.kv);
     if (!kl_base.empty()) (void)cli::parse_kv_option(kl_base, "--kl-base");
     (void)parse_routing_option(common.routing);
+    cli::check_lora_options(common.lora);
     if (*serve) {
       if (!verbose) logger->set_level(spdlog::level::info);  // one line per request
       cli::check_serve_options(serve_opts);
@@ -727,8 +741,9 @@ int main(int argc, char** argv) {
         apply_threads(common.threads);
         auto opts = load_options(common);
         opts.config = cfg;
-        return cli::ServedModel{runtime::load_model(common.model_dir, opts), std::move(tok), std::move(kv),
-                                opts.model.routing};
+        auto m = runtime::load_model(common.model_dir, opts);
+        auto adapters = cli::load_loras(common.lora, m);
+        return cli::ServedModel{std::move(m), std::move(tok), std::move(kv), opts.model.routing, std::move(adapters)};
       });
     }
   } catch (UsageError const& e) {

@@ -60,6 +60,7 @@ struct ServedModel {
   io::Tokenizer tokenizer;
   kv::KvMap kv;
   model::Routing routing;
+  std::vector<std::shared_ptr<model::LoraAdapter const>> adapters;  ///< requests pick them by name
 };
 
 inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
@@ -249,6 +250,7 @@ inline int cmd_serve(ServeOptions o, std::string const& path, model::ModelConfig
   if (!chat_template) QFLASH_LOG_INFO(path, " has no chat template: /v1/chat/completions answers 400");
   o.engine.kv = std::move(m.kv);
   o.engine.routing = m.routing;
+  o.engine.adapters = std::move(m.adapters);
   engine = runtime::make_engine(std::move(m.model), std::move(m.tokenizer), o.engine, name);
   runtime::EngineInfo const info = engine->info();
   QFLASH_CHECK(info.specialised || o.kernel_fallback, "flash_kernel_fallback is false, but no specialised instance "

@@ -115,6 +115,41 @@ PY
     expect_rc 2
     expect_err "error: --kl-base: "
     ;;
+  lora)  # --lora on run / perplexity, unmerged and merged alike; bad adapters name what is wrong
+    moe=$fixtures/qwen3_moe_tiny adapter=$fixtures/lora/tiny_qwen3_moe
+    run run --model "$moe" --prompt "abc" -n 12 --temp 0
+    expect_rc 0
+    cp "$tmp/out" "$tmp/base"
+    run run --model "$moe" --prompt "abc" -n 12 --temp 0 --lora "$adapter"
+    expect_rc 0
+    cp "$tmp/out" "$tmp/lora"
+    cmp -s "$tmp/base" "$tmp/lora" && fail "--lora changed nothing: $(cat "$tmp/base")"
+    run run --model "$moe" --prompt "abc" -n 12 --temp 0 --lora "$adapter:1" --lora-merge --weights f32
+    expect_rc 0
+    cmp -s "$tmp/out" "$tmp/lora" || fail "merged output differs from unmerged: $(cat "$tmp/lora")"
+    micro=$fixtures/../../models/qwen3_5_moe-micro  # an adapter without modules_to_save: scale 0 is the base
+    run run --model "$micro" --prompt "It was" -n 8 --temp 0
+    cp "$tmp/out" "$tmp/base"
+    run run --model "$micro" --prompt "It was" -n 8 --temp 0 --lora "$fixtures/lora/austen:0"
+    expect_rc 0
+    cmp -s "$tmp/out" "$tmp/base" || fail "--lora DIR:0 is not the base model"
+    printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..10} >"$tmp/text.txt"
+    run perplexity --model "$moe" --text "$tmp/text.txt" --context 64 --lora "$adapter"
+    expect_rc 0
+    expect_out "^perplexity [0-9.]+ over"
+    run run --model "$moe" --lora "$tmp/none" -n 2
+    expect_rc 2
+    expect_err "error: --lora '.*/none': '.*/none' is not a directory"
+    run run --model "$moe" --lora-merge -n 2
+    expect_rc 2
+    expect_err "error: --lora-merge: no --lora adapter to merge"
+    run serve --model "$moe" --lora "bad name=$adapter"
+    expect_rc 2
+    expect_err "LoRA adapter name 'bad name' must be"
+    run run --model "$tiny" --lora "$fixtures/lora/austen" -n 2
+    expect_rc 1
+    expect_err "austen/adapter_model.safetensors: tensor '.*' has shape \[4096, 192\]|lora_A is"
+    ;;
   kv_schemes)  # --kv on logits, perplexity and run: compressed KV changes the numbers, f32 is the default
     ids=171,56,115,66,64,182,125,75,29,93
     run logits --model "$tiny" --prompt-ids $ids --output "$tmp/f32.npy"

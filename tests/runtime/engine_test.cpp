@@ -15,6 +15,7 @@
 
 #include "qflash/runtime/batch_engine.hpp"
 #include "qflash/runtime/generate.hpp"
+#include "qflash/runtime/lora.hpp"
 #include "qflash/runtime/with_model.hpp"
 #include "support/expect_error.hpp"
 
@@ -401,5 +402,59 @@ TEST_CASE("engine: each request routes as it asks, beside others; the prefix cac
   } catch (RequestError const& err) {
     CHECK(err.kind() == RequestErrorKind::kInvalid);
     CHECK(std::string(err.what()).find("the model has 16") != std::string::npos);
+  }
+}
+
+TEST_CASE("engine: each request runs the LoRA adapter it names, beside others; the prefix cache keeps adapters apart") {
+  std::string const dir = std::string(QFLASH_SOURCE_DIR) + "/tests/fixtures/lora/austen";
+  auto base = load();
+  EngineOptions o;
+  o.prefix.snapshot_bf16 = false;
+  o.adapters.push_back(load_lora(dir, base));
+  auto e = make_engine(std::move(base), tokenizer(), o, "micro");
+  CHECK(e->info().adapters == std::vector<std::string>{"austen"});
+  auto const ids = encode(kPrompts[3] + " " + kPrompts[0]);
+  REQUIRE(ids.size() >= 16);
+  // With and without the adapter at once: they share batches.
+  GenerationRequest plain = greedy(ids, 12), adapted = greedy(ids, 12);
+  adapted.lora = "austen";
+  auto s1 = e->submit(plain), s2 = e->submit(adapted);
+  Result const r_plain = collect(*s1), r_adapted = collect(*s2);
+  REQUIRE_FALSE(r_plain.error);
+  REQUIRE_FALSE(r_adapted.error);
+  CHECK(r_plain.tokens[0] == reference(ids, 12).tokens);
+  model::ModelOptions mo;
+  auto loaded = load();
+  mo.lora = load_lora(dir, loaded);
+  GenerateResult want;
+  auto tok = tokenizer();
+  with_model(std::move(loaded), mo, [&](auto& m) {
+    GenerateOptions g;
+    g.max_tokens = 12;
+    g.eos_ids.assign(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
+    want = generate(m, tok, ids, g);
+  });
+  CHECK(r_adapted.tokens[0] == want.tokens);
+  CHECK(r_adapted.tokens[0] != r_plain.tokens[0]);
+  // The adapter's cached prefix serves it again; the base model's never serves the adapter's.
+  Result const hit = collect(*e->submit(adapted));
+  CHECK(hit.usage.cached_tokens > 0);
+  CHECK(hit.tokens[0] == r_adapted.tokens[0]);
+  auto const ids2 = encode(kPrompts[4] + " " + kPrompts[3]);
+  REQUIRE(ids2.size() >= 16);
+  CHECK(collect(*e->submit(greedy(ids2, 2))).usage.cached_tokens == 0);
+  GenerationRequest adapted2 = greedy(ids2, 2);
+  adapted2.lora = "austen";
+  CHECK(collect(*e->submit(adapted2)).usage.cached_tokens == 0);
+  CHECK(collect(*e->submit(adapted2)).usage.cached_tokens > 0);
+  // An unknown adapter is refused as invalid, naming the loaded ones.
+  GenerationRequest bad = greedy(ids, 4);
+  bad.lora = "nope";
+  try {
+    e->submit(bad);
+    FAIL("accepted");
+  } catch (RequestError const& err) {
+    CHECK(err.kind() == RequestErrorKind::kInvalid);
+    CHECK(std::string(err.what()).find("unknown LoRA adapter 'nope' (loaded: austen)") != std::string::npos);
   }
 }

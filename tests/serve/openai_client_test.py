@@ -44,7 +44,8 @@ def start_server():
     env = dict(os.environ, QFLASH_API_KEY=KEY)
     server = subprocess.Popen(
         [QFLASH, "serve", "--model", MODEL, "--port", "0", "--host", "127.0.0.1", "--threads", "1",
-         "--served-model-name", NAME, "--max-n", "4", "--max-tokens-limit", "256"],
+         "--served-model-name", NAME, "--max-n", "4", "--max-tokens-limit", "256",
+         "--lora", "austen=" + os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "lora", "austen")],
         stdout=subprocess.PIPE, stderr=log, env=env, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -133,7 +134,7 @@ HI = [{"role": "user", "content": "Who is Mr. Darcy?"}]
 
 class OpenAIClient(unittest.TestCase):
     def test_models(self):
-        self.assertEqual([m.id for m in client().models.list()], [NAME])
+        self.assertEqual([m.id for m in client().models.list()], [NAME, "austen"])
         self.assertEqual(client().models.retrieve(NAME).id, NAME)
 
     def test_completion_greedy_and_streamed(self):
@@ -247,6 +248,28 @@ class OpenAIClient(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             greedy("top_k=99")
         self.assertIn("the model has 16", str(e.exception))
+
+    def test_lora_per_request(self):
+        c = client()
+
+        def greedy(model=NAME, extra=None):
+            r = c.completions.create(model=model, prompt="Elizabeth could not but smile", max_tokens=12,
+                                     temperature=0, extra_body=extra)
+            return r.model, r.choices[0].text
+        base = greedy()
+        adapted = greedy("austen")
+        self.assertEqual(adapted[0], "austen")
+        self.assertNotEqual(adapted[1], base[1])
+        self.assertEqual(greedy(extra={"lora": "austen"})[1], adapted[1])
+        self.assertEqual(greedy()[1], base[1])
+        chat = c.chat.completions.create(model="austen", messages=[{"role": "user", "content": "Hello"}],
+                                         max_tokens=4, temperature=0)
+        self.assertEqual(chat.model, "austen")
+        with self.assertRaises(openai.NotFoundError):
+            greedy("nope")
+        with self.assertRaises(openai.BadRequestError) as e:
+            greedy(extra={"lora": "nope"})
+        self.assertIn("names no loaded adapter", str(e.exception))
 
     def test_errors(self):
         c = client()

@@ -257,6 +257,26 @@ TEST_CASE("routing: the project's per-request experts per token") {
                    {"must be a string"});
 }
 
+TEST_CASE("lora: a loaded adapter by name, through 'lora' or 'model'; unknown names refused") {
+  auto m = test::model_context();
+  m.info.adapters = {"austen", "legal"};
+  CHECK(parse(Api::kCompletions, R"({"prompt": "x"})", m).generation.lora.empty());
+  CHECK(parse(Api::kCompletions, R"({"model": "micro", "prompt": "x"})", m).generation.lora.empty());
+  CHECK(parse(Api::kCompletions, R"({"model": "austen", "prompt": "x"})", m).generation.lora == "austen");
+  CHECK(parse(Api::kChat, R"({"messages": [{"role": "user", "content": "hi"}], "lora": "legal"})", m).generation.lora ==
+        "legal");
+  CHECK(parse(Api::kGenerate, R"({"prompt": "x", "lora": "austen"})", m).generation.lora == "austen");
+  CHECK(parse(Api::kCompletions, R"({"model": "austen", "prompt": "x", "lora": "legal"})", m).generation.lora == "legal");
+  expect_api_error([&] { (void)parse(Api::kCompletions, R"({"prompt": "x", "lora": "nope"})", m); }, 400, "lora",
+                   {"'lora' names no loaded adapter: 'nope'", "'austen', 'legal'"});
+  expect_api_error([&] { (void)parse(Api::kCompletions, R"({"model": "nope", "prompt": "x"})", m); }, 404, "model",
+                   {"'micro', 'austen', 'legal'"});
+  expect_api_error([] { (void)parse(Api::kCompletions, R"({"prompt": "x", "lora": "austen"})"); }, 400, "lora",
+                   {"none; start the server with --lora NAME=DIR"});
+  expect_api_error([&] { (void)parse(Api::kCompletions, R"({"prompt": "x", "lora": 3})", m); }, 400, "lora",
+                   {"must be a string"});
+}
+
 TEST_CASE("model, stream and stream_options") {
   expect_api_error([] { (void)parse(Api::kCompletions, R"({"model": "gpt-4", "prompt": "x"})"); }, 404, "model",
                    {"the model 'gpt-4' does not exist; this server serves 'micro'"});

@@ -155,6 +155,24 @@ TEST_CASE("server: /v1/models lists the served model") {
   CHECK(s.post("/v1/completions", R"({"model": "my-model", "prompt": "x"})")->status == 200);
 }
 
+TEST_CASE("server: /v1/models lists each LoRA adapter as a model whose parent is the base; responses name it") {
+  Running s({}, /*attach=*/false);
+  runtime::EngineInfo info = s.engine.info();
+  info.adapters = {"austen"};
+  s.engine.set_info(info);
+  REQUIRE(s.server.attach(s.engine, &test::default_chat_template()));
+  Json const j = body_of(s.get("/v1/models"));
+  REQUIRE(j["data"].size() == 2);
+  CHECK(j["data"][1]["id"] == "austen");
+  CHECK(j["data"][1]["parent"] == j["data"][0]["id"]);
+  CHECK(body_of(s.get("/v1/models/austen"))["parent"] == j["data"][0]["id"]);
+  auto r = s.post("/v1/completions", R"({"model": "austen", "prompt": "x", "max_tokens": 2})");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(body_of(r)["model"] == "austen");
+  expect_error(s.post("/v1/completions", R"({"prompt": "x", "lora": "other"})"), 400, "names no loaded adapter");
+}
+
 TEST_CASE("server: completions, not streamed") {
   Running s;
   TestEngineScript script;

@@ -32,6 +32,7 @@
 #include "qflash/model/layers/gated_attention.hpp"
 #include "qflash/model/layers/gated_deltanet.hpp"
 #include "qflash/model/layers/moe.hpp"
+#include "qflash/model/lora.hpp"
 #include "qflash/model/weights.hpp"
 #include "qflash/numeric/finite.hpp"
 #include "qflash/spec/presets.hpp"
@@ -43,6 +44,8 @@ struct ModelOptions {
   stream_t stream = nullptr;  ///< the CUDA stream every kernel runs on (null: default; CPU ignores it)
   RouteObserver on_route;     ///< called by every MoE layer after routing (empty: not called)
   Routing routing;            ///< token-wise routing (default: the model's top-k)
+  /// The LoRA adapter of every sequence that brings none (null: none); runtime/lora.hpp loads them.
+  std::shared_ptr<LoraAdapter const> lora;
 };
 
 enum class LogitsFor { kAllTokens, kLastToken };
@@ -79,6 +82,7 @@ class Model {
     QFLASH_CHECK(matches(S, rt), cfg_.source, ": the model ", to_string(rt),
                  " does not match the compiled spec ", to_string(S));
     check_routing(opts_.routing, cfg_.n_expert, cfg_.n_expert_used);
+    if (opts_.lora) check_lora(*opts_.lora);
     QFLASH_CHECK(w_.layers.size() == static_cast<std::size_t>(cfg_.n_layer), cfg_.source,
                  ": weights for ", w_.layers.size(), " layers, the config has ", cfg_.n_layer);
     norm_kind_ = cfg_.zero_centered_norms ? kernels::NormWeight::kZeroCentered : kernels::NormWeight::kPlain;
@@ -102,6 +106,19 @@ class Model {
   void set_routing(Routing const& r) {
     check_routing(r, cfg_.n_expert, cfg_.n_expert_used);
     opts_.routing = r;
+  }
+  /// Runs every later sequence that brings no adapter with `a` (null: none); checked first.
+  void set_lora(std::shared_ptr<LoraAdapter const> a) {
+    if (a) check_lora(*a);
+    opts_.lora = std::move(a);
+  }
+  [[nodiscard]] LoraAdapter const* lora() const { return opts_.lora.get(); }
+  /// Throws Error unless `a` fits this model and this instance can run it.
+  void check_lora(LoraAdapter const& a) const {
+    QFLASH_CHECK(S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32,
+                 "LoRA adapters need an instance compiled for f32 matrices (weights kAny); this one is ",
+                 to_string(S.weights), "-only");
+    check_adapter(a, w_);
   }
   [[nodiscard]] ModelWeights const& weights() const { return w_; }
   /// A sequence with its own KV pool, every head in `kv` (default: exact f32).
@@ -135,6 +152,14 @@ class Model {
     e.y = h;
     e.n_tokens = T;
     check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding");
+    for (std::size_t i = 0; i < seqs.size(); ++i)  // adapters that replace the embedding table
+      if (LoraAdapter const* ad = batch_.seq_adapter[i]; ad && ad->embed) {
+        e.table = *ad->embed;
+        e.tokens = batch_.tokens.data() + batch_.begin[i];
+        e.y = h + batch_.begin[i] * d;
+        e.n_tokens = batch_.rows_of(i);
+        check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding (LoRA modules_to_save)");
+      }
     seen(0, h);
 
     // AddInNorm: each residual add (h += mixer, h += moe) is fused into the norm after it.
@@ -167,6 +192,13 @@ class Model {
     }
     logits.resize(static_cast<std::size_t>(n_rows * cfg_.vocab));
     project<S, Arch>(w_.lm_head, rows, n_rows, logits.data(), stream, "lm_head");
+    for (std::size_t i = 0; i < seqs.size(); ++i)  // adapters that replace lm_head: their rows again
+      if (LoraAdapter const* ad = batch_.seq_adapter[i]; ad && ad->lm_head) {
+        bool const all = which == LogitsFor::kAllTokens;
+        std::int64_t const r0 = all ? batch_.begin[i] : static_cast<std::int64_t>(i);
+        project<S, Arch>(*ad->lm_head, rows + r0 * d, all ? batch_.rows_of(i) : 1, logits.data() + r0 * cfg_.vocab,
+                         stream, "lm_head (LoRA modules_to_save)");
+      }
     // Garbage in the weights shows here first; the scan costs far less than the lm_head GEMV.
     std::size_t const bad = first_non_finite(logits);
     QFLASH_CHECK(bad == logits.size(), "the logits of batch row ", bad / static_cast<std::size_t>(cfg_.vocab),
@@ -186,6 +218,7 @@ class Model {
     batch_.positions.clear();
     batch_.tokens.clear();
     layout_routing(seqs);
+    layout_adapters(seqs);
     for (auto const& c : seqs) {
       QFLASH_CHECK(c.state, "forward: a batch entry has no sequence state");
       QFLASH_CHECK(!c.tokens.empty(), "forward: a batch entry has no tokens");
@@ -227,6 +260,24 @@ class Model {
       kernels::RoutingPolicy p = r.policy;
       p.k_max = r.slots(model_k);  // within the batch's wider slots
       batch_.token_policies.insert(batch_.token_policies.end(), c.tokens.size(), p);
+    }
+  }
+
+  /// Each sequence's adapter (its own, else the model's) and the runs of rows sharing one.
+  void layout_adapters(std::span<SequenceChunk const> seqs) {
+    batch_.seq_adapter.clear();
+    batch_.adapter_runs.clear();
+    std::int64_t row = 0;
+    for (auto const& c : seqs) {
+      LoraAdapter const* ad = c.adapter ? c.adapter : opts_.lora.get();
+      batch_.seq_adapter.push_back(ad);
+      std::int64_t const n = static_cast<std::int64_t>(c.tokens.size());
+      if (ad && !batch_.adapter_runs.empty() && batch_.adapter_runs.back().adapter == ad &&
+          batch_.adapter_runs.back().end == row)
+        batch_.adapter_runs.back().end += n;
+      else if (ad)
+        batch_.adapter_runs.push_back({row, row + n, ad});
+      row += n;
     }
   }
 

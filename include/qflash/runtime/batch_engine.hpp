@@ -25,6 +25,7 @@
 #include <fstream>
 #include <limits>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -127,6 +128,19 @@ class BatchEngine final : public Engine {
     info_.max_context = max_context_;
     info_.n_expert = cfg_->n_expert;
     info_.n_expert_used = cfg_->n_expert_used;
+    for (auto const& a : opts_.adapters) {
+      QFLASH_CHECK(a, "EngineOptions::adapters holds a null adapter");
+      model::check_adapter_name(a->name);
+      QFLASH_CHECK(!adapters_.contains(a->name), "two LoRA adapters are called '", a->name, "'");
+      model_->check_lora(*a);
+      adapters_.emplace(a->name, a);
+      info_.adapters.push_back(a->name);
+    }
+    if (!opts_.default_lora.empty()) {
+      QFLASH_CHECK(adapters_.contains(opts_.default_lora), "default LoRA adapter '", opts_.default_lora,
+                   "' is not one of the engine's adapters");
+      model_->set_lora(adapters_.at(opts_.default_lora));
+    }
     info_.prefix_cache = cache_ != nullptr;
     info_.compressed_kv = pool_->layout().map().compressed();
     info_.eos_ids.assign(cfg_->eos_token_ids.begin(), cfg_->eos_token_ids.end());
@@ -308,6 +322,8 @@ class BatchEngine final : public Engine {
     try {
       validate(r.sampling);
       if (r.routing) model::check_routing(*r.routing, cfg_->n_expert, cfg_->n_expert_used);
+      if (!r.lora.empty() && !adapters_.contains(r.lora))
+        invalid("unknown LoRA adapter '", r.lora, "' (loaded: ", adapters_.empty() ? "none" : names(info_.adapters), ")");
     } catch (Error const& e) {
       invalid(e.what());
     }
@@ -319,7 +335,20 @@ class BatchEngine final : public Engine {
   [[nodiscard]] std::string prefix_salt(Sequence const& s) const {
     auto const& p = s.req->params;
     std::string const routing = p.routing && *p.routing != opts_.routing ? model::to_string(*p.routing) : "";
-    return routing + "\n" + std::to_string(p.cache_salt.size()) + ":" + p.cache_salt;
+    model::LoraAdapter const* ad = adapter_of(p);
+    return routing + "\n" + (ad ? ad->name : "") + "\n" + std::to_string(p.cache_salt.size()) + ":" + p.cache_salt;
+  }
+
+  /// The adapter a request runs with: the one it names, else the engine's default (null: none).
+  [[nodiscard]] model::LoraAdapter const* adapter_of(GenerationRequest const& p) const {
+    if (p.lora.empty()) return model_->lora();
+    auto it = adapters_.find(p.lora);
+    return it == adapters_.end() ? nullptr : it->second.get();
+  }
+  static std::string names(std::vector<std::string> const& v) {
+    std::string out;
+    for (auto const& n : v) out += (out.empty() ? "" : ", ") + n;
+    return out;
   }
 
   /// A choice's sequence before it runs.
@@ -379,7 +408,8 @@ class BatchEngine final : public Engine {
       for (Scheduled const& b : batch_)
         chunks_.push_back({std::span<std::int32_t const>(b.seq->tokens).subspan(static_cast<std::size_t>(b.seq->computed),
                                                                              static_cast<std::size_t>(b.n)),
-                           &*b.seq->state, b.seq->req->params.routing ? &*b.seq->req->params.routing : nullptr});
+                           &*b.seq->state, b.seq->req->params.routing ? &*b.seq->req->params.routing : nullptr,
+                           adapter_of(b.seq->req->params)});
       try {
         model_->forward(chunks_, model::LogitsFor::kLastToken, logits_);
       } catch (std::exception const& e) {
@@ -832,6 +862,7 @@ class BatchEngine final : public Engine {
   EngineOptions opts_;
   EngineInfo info_;
   std::unique_ptr<model::Model<S, Arch>> model_;
+  std::map<std::string, std::shared_ptr<model::LoraAdapter const>, std::less<>> adapters_;  ///< by name
   model::ModelConfig const* cfg_ = nullptr;
   std::int64_t max_context_ = 0;
   bool hybrid_ = false;

@@ -22,6 +22,7 @@
 #include "qflash/kv/map.hpp"
 #include "qflash/kv/prefix_cache.hpp"
 #include "qflash/model/config.hpp"
+#include "qflash/model/lora.hpp"
 #include "qflash/model/routing.hpp"
 #include "qflash/runtime/request.hpp"
 #include "qflash/runtime/sampler.hpp"
@@ -49,6 +50,9 @@ struct EngineOptions {
   int max_queue = 256;                 ///< waiting requests beyond this are refused (kQueueFull)
   kv::KvMap kv;                        ///< per-head KV formats (empty: f32)
   model::Routing routing;              ///< experts per token (default: the model's top-k)
+  /// LoRA adapters requests may name (GenerationRequest::lora), loaded by runtime/lora.hpp.
+  std::vector<std::shared_ptr<model::LoraAdapter const>> adapters;
+  std::string default_lora;            ///< the adapter of requests that name none (empty: none)
   PrefixCacheOptions prefix;
   std::string router_log_path;         ///< JSONL of routing decisions per generated token (empty: off)
   std::int64_t router_log_max_bytes = 64 << 20;  ///< the log stops growing past this
@@ -63,6 +67,7 @@ struct EngineInfo {
   bool prefix_cache = false;      ///< the shared prefix pool is on
   int max_context = 0;            ///< tokens per sequence
   int n_expert = 0, n_expert_used = 0;  ///< the MoE layers' experts and top-k (what a request's routing is checked against)
+  std::vector<std::string> adapters;    ///< the LoRA adapters requests may name
   SamplingParams default_sampling;  ///< from generation_config.json, for requests that set nothing
   std::vector<std::int32_t> eos_ids;
 };

@@ -41,6 +41,7 @@ struct GenerationRequest {
   std::string cache_salt;                    ///< prefix blocks are shared only between equal salts
   int priority = 0;                          ///< smaller is scheduled first; first come, first served within
   std::optional<model::Routing> routing;     ///< experts per token (empty: the engine's); part of the prefix key
+  std::string lora;                          ///< LoRA adapter by name (empty: the engine's default); part of the prefix key
 };
 
 /// A generated token's log-probability under the model's distribution (before temperature

@@ -5,8 +5,9 @@
 ///
 /// What is accepted follows OpenAI's API, with vLLM's sampling extensions (top_k, min_p,
 /// repetition_penalty, ignore_eos, stop_token_ids, cache_salt, priority, chat_template_kwargs,
-/// add_generation_prompt) and the project's `routing` (experts per token, as `--routing` reads
-/// it). A field holding null counts as absent, as in OpenAI's API. Fields
+/// add_generation_prompt), the project's `routing` (experts per token, as `--routing` reads
+/// it) and `lora` (a loaded LoRA adapter by name; `model` naming one picks it too, as in vLLM).
+/// A field holding null counts as absent, as in OpenAI's API. Fields
 /// OpenAI clients send that change nothing here (user, store, metadata, service_tier,
 /// response_format of type text, ...) are accepted; fields that would change the output and
 /// are not supported (tools that may be called, structured output, echo, best_of != n,
@@ -262,8 +263,22 @@ inline std::vector<std::string> stop_strings(Fields const& f) {
   return out;
 }
 
+/// The project's `lora`: a loaded adapter by name (400 otherwise); it wins over `model`'s.
+inline void lora_field(Fields const& f, ModelContext const& m, runtime::GenerationRequest& g) {
+  auto name = f.string("lora");
+  if (!name) return;
+  auto const& a = m.info.adapters;
+  if (std::find(a.begin(), a.end(), *name) == a.end()) {
+    std::string loaded;
+    for (auto const& n : a) loaded += (loaded.empty() ? "'" : ", '") + n + "'";
+    QFLASH_API_FAIL(400, "lora", "", "'lora' names no loaded adapter: '", *name, "' (loaded: ",
+                    loaded.empty() ? "none; start the server with --lora NAME=DIR" : loaded, ")");
+  }
+  g.lora = *name;
+}
+
 /// The fields /v1/completions, /v1/chat/completions and /generate share: the token budget
-/// (the prompt decides the rest), sampling, penalties, stops, salt and priority.
+/// (the prompt decides the rest), sampling, penalties, stops, salt, priority, routing and adapter.
 inline void common_fields(Fields const& f, ModelContext const& m, ParsedRequest& r) {
   runtime::GenerationRequest& g = r.generation;
   g.sampling = sampling(f, m.info.default_sampling);
@@ -290,6 +305,7 @@ inline void common_fields(Fields const& f, ModelContext const& m, ParsedRequest&
   if (auto p = f.integer("priority", std::numeric_limits<std::int32_t>::min(), std::numeric_limits<std::int32_t>::max(),
                          "a 32-bit integer (smaller runs first)"))
     g.priority = static_cast<int>(*p);
+  lora_field(f, m, g);
   if (auto text = f.string("routing")) {
     try {
       g.routing = model::parse_routing(*text);
@@ -318,12 +334,21 @@ inline void check_prompt(std::size_t n, ModelContext const& m, std::string const
                     m.limits.max_prompt_tokens);
 }
 
-/// `model`, when given, must name the served model (404 otherwise, as OpenAI answers).
-inline void check_model(Fields const& f, ModelContext const& m) {
-  if (auto name = f.string("model"); name && *name != m.served_name)
-    QFLASH_API_FAIL(404, "model", "model_not_found", "the model '", *name, "' does not exist; this server serves '",
-                    m.served_name, "'");
+/// `model`, when given, must name the served model or one of its LoRA adapters (which it then
+/// picks, as vLLM's LoRA serving does); 404 otherwise, as OpenAI answers.
+inline void check_model(Fields const& f, ModelContext const& m, runtime::GenerationRequest& g) {
+  auto name = f.string("model");
+  if (!name || *name == m.served_name) return;
+  auto const& a = m.info.adapters;
+  if (std::find(a.begin(), a.end(), *name) != a.end()) {
+    g.lora = *name;
+    return;
+  }
+  std::string served = "'" + m.served_name + "'";
+  for (auto const& n : a) served += ", '" + n + "'";
+  QFLASH_API_FAIL(404, "model", "model_not_found", "the model '", *name, "' does not exist; this server serves ", served);
 }
+
 
 /// stream and stream_options (which OpenAI allows only with stream: true).
 inline void stream_fields(Fields const& f, ParsedRequest& r) {
@@ -504,7 +529,7 @@ inline ParsedRequest parse_request(Api api, Json const& body, ModelContext const
     case Api::kCompletions:
       f.only({"model", "prompt", "stream", "stream_options", "max_tokens", "n", "temperature", "top_p", "top_k",
               "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "stop",
-              "stop_token_ids", "ignore_eos", "cache_salt", "priority", "routing", "logprobs", "echo", "best_of",
+              "stop_token_ids", "ignore_eos", "cache_salt", "priority", "routing", "lora", "logprobs", "echo", "best_of",
               "suffix", "logit_bias", "min_tokens", "user", "service_tier", "store", "metadata", "prompt_cache_key",
               "safety_identifier"});
       break;
@@ -512,7 +537,7 @@ inline ParsedRequest parse_request(Api api, Json const& body, ModelContext const
       f.only({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n",
               "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
               "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "cache_salt", "priority",
-              "routing", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
+              "routing", "lora", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
               "function_call", "response_format", "modalities", "audio", "prediction", "web_search_options",
               "reasoning_effort", "verbosity", "chat_template_kwargs", "add_generation_prompt", "logit_bias",
               "min_tokens", "user", "service_tier", "store", "metadata", "prompt_cache_key", "safety_identifier"});
@@ -520,12 +545,12 @@ inline ParsedRequest parse_request(Api api, Json const& body, ModelContext const
     case Api::kGenerate:
       f.only({"prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
               "frequency_penalty", "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "cache_salt",
-              "priority", "routing"});
+              "priority", "routing", "lora"});
       break;
   }
 
   if (api != Api::kGenerate) {
-    detail::check_model(f, m);
+    detail::check_model(f, m, g);
     detail::stream_fields(f, r);
     detail::accepted_fields(f);
     detail::refused_fields(f);

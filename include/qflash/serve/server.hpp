@@ -25,6 +25,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -441,7 +442,7 @@ class Server {
       if (!p.seed_given) g.sampling.seed = random_seed();
       int const n = g.n;
       bool const logprobs = g.top_logprobs >= 0;
-      ResponseMeta meta{g.id, static_cast<std::int64_t>(std::time(nullptr)), m.served_name};
+      ResponseMeta meta{g.id, static_cast<std::int64_t>(std::time(nullptr)), g.lora.empty() ? m.served_name : g.lora};
       events = submit(std::move(g));
 
       if (p.stream) {
@@ -484,13 +485,22 @@ class Server {
                           {"created", static_cast<std::int64_t>(started_at_)},
                           {"owned_by", "qflash"},
                           {"max_model_len", m.info.max_context}};
+      // Each LoRA adapter is a model of its own whose parent is the base (as vLLM lists them).
+      Json list = Json::array({model});
+      for (auto const& name : m.info.adapters) {
+        Json a = model;
+        a["id"] = name;
+        a["parent"] = m.served_name;
+        list.push_back(std::move(a));
+      }
       if (req.matches.size() > 1) {
-        if (req.matches[1].str() != m.served_name)
+        auto it = std::find_if(list.begin(), list.end(), [&](Json const& x) { return x["id"] == req.matches[1].str(); });
+        if (it == list.end())
           QFLASH_API_FAIL(404, "model", "model_not_found", "the model '", req.matches[1].str(),
                           "' does not exist; this server serves '", m.served_name, "'");
-        res.set_content(dump(model), "application/json");
+        res.set_content(dump(*it), "application/json");
       } else {
-        res.set_content(dump({{"object", "list"}, {"data", Json::array({model})}}), "application/json");
+        res.set_content(dump({{"object", "list"}, {"data", list}}), "application/json");
       }
       res.status = 200;
     } catch (ApiError const& e) {

@@ -14,6 +14,7 @@
 #include "qflash/core/status.hpp"
 #include "qflash/kernels/linear/op.hpp"
 #include "qflash/model/cache.hpp"
+#include "qflash/model/lora.hpp"
 #include "qflash/model/routing.hpp"
 
 namespace qflash::model {
@@ -23,6 +24,14 @@ struct SequenceChunk {
   std::span<std::int32_t const> tokens;
   SequenceState* state = nullptr;
   Routing const* routing = nullptr;  ///< this sequence's experts per token (null: the model's)
+  /// This sequence's LoRA adapter (null: the model's, if any); checked once by Model::check_lora.
+  LoraAdapter const* adapter = nullptr;
+};
+
+/// Rows [begin, end) of a batch whose sequences use one adapter.
+struct AdapterRun {
+  std::int64_t begin = 0, end = 0;
+  LoraAdapter const* adapter = nullptr;
 };
 
 /// A ragged batch laid out as rows: sequence i owns rows [begin[i], begin[i + 1]).
@@ -34,6 +43,8 @@ struct Batch {
   int route_slots = 0;                   ///< route slots per token (the most experts any token may use)
   kernels::RoutingPolicy policy;         ///< every token's, unless token_policies is set
   std::vector<kernels::RoutingPolicy> token_policies;  ///< [n_tokens] when sequences route differently
+  std::vector<LoraAdapter const*> seq_adapter;  ///< [n_seqs] each sequence's adapter (null: none)
+  std::vector<AdapterRun> adapter_runs;          ///< the rows with an adapter, in runs of one adapter
 
   [[nodiscard]] std::int64_t n_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
   [[nodiscard]] std::int64_t rows_of(std::size_t i) const { return begin[i + 1] - begin[i]; }
@@ -44,6 +55,9 @@ struct Scratch {
   std::vector<float> proj, q, k, v, o, conv, z, beta, g, router, shared_gate;
   std::vector<std::int32_t> routes;
   std::vector<float> route_weights;
+  std::vector<float> lora;  ///< A x of a low-rank update
+  std::vector<kernels::ExpertLora> expert_lora;
+  std::vector<kernels::ExpertLora const*> token_lora;
 
   static float* sized(std::vector<float>& v, std::int64_t n) {
     v.resize(static_cast<std::size_t>(n));
@@ -68,6 +82,28 @@ void project(WeightView const& w, float const* x, std::int64_t rows, float* y, s
   a.n_tokens = rows;
   a.accumulate = accumulate;
   check_launch(kernels::launch_linear<S>(Arch{}, a, stream), what);
+}
+
+/// Which update of which layer a projection takes from the batch's adapters.
+struct LoraSite {
+  std::size_t layer;
+  LowRank LoraLayer::*update;
+};
+
+/// project(), plus, for the rows of each sequence with an adapter that updates this projection,
+/// y += B (A x) (two more projections through the same kernels, so any Arch runs them).
+template <MoeSpec S, class Arch>
+void project(WeightView const& w, Batch const& b, LoraSite site, float const* x, float* y, Scratch& s,
+             stream_t stream, char const* what = "linear", bool accumulate = false) {
+  project<S, Arch>(w, x, b.n_tokens(), y, stream, what, accumulate);
+  for (AdapterRun const& run : b.adapter_runs) {
+    LowRank const& d = run.adapter->layers[site.layer].*site.update;
+    if (d.empty()) continue;
+    std::int64_t const n = run.end - run.begin;
+    float* t = Scratch::sized(s.lora, n * d.rank());
+    project<S, Arch>(d.a, x + run.begin * w.cols, n, t, stream, "lora A");
+    project<S, Arch>(d.b, t, n, y + run.begin * w.rows, stream, "lora B", /*accumulate=*/true);
+  }
 }
 
 }  // namespace qflash::model

@@ -42,9 +42,9 @@ class GatedAttention {
     float* k = Scratch::sized(s.k, T * kv_width);
     float* v = Scratch::sized(s.v, T * kv_width);
     float* o = Scratch::sized(s.o, T * q_width);
-    project<S, Arch>(w_.q, x, T, qg, stream);
-    project<S, Arch>(w_.k, x, T, k, stream);
-    project<S, Arch>(w_.v, x, T, v, stream);
+    project<S, Arch>(w_.q, batch, {layer_, &LoraLayer::q}, x, qg, s, stream, "q_proj");
+    project<S, Arch>(w_.k, batch, {layer_, &LoraLayer::k}, x, k, s, stream, "k_proj");
+    project<S, Arch>(w_.v, batch, {layer_, &LoraLayer::v}, x, v, s, stream, "v_proj");
     norm_rope(qg, w_.q.rows, q_head_stride, w_.q_norm.data(), q, nh, batch, stream);
     norm_rope(k, kv_width, dh, w_.k_norm.data(), k, nkv, batch, stream);
 
@@ -75,7 +75,7 @@ class GatedAttention {
       }
       check_launch(kernels::launch_attention<S>(Arch{}, a, stream), "attention");
     }
-    project<S, Arch>(w_.o, o, T, out, stream, "o_proj", accumulate);
+    project<S, Arch>(w_.o, batch, {layer_, &LoraLayer::o}, o, out, s, stream, "o_proj", accumulate);
   }
 
  private:

@@ -48,10 +48,10 @@ class GatedDeltaNet {
     float* beta = Scratch::sized(s.beta, T * hv);
     float* g = Scratch::sized(s.g, T * hv);
     float* o = Scratch::sized(s.o, T * value_dim);
-    project<S, Arch>(w_.qkv, x, T, mixed, stream);
-    project<S, Arch>(w_.z, x, T, z, stream);
-    project<S, Arch>(w_.b, x, T, beta, stream);
-    project<S, Arch>(w_.a, x, T, g, stream);
+    project<S, Arch>(w_.qkv, batch, {layer_, &LoraLayer::qkv}, x, mixed, s, stream, "in_proj_qkv");
+    project<S, Arch>(w_.z, batch, {layer_, &LoraLayer::z}, x, z, s, stream, "in_proj_z");
+    project<S, Arch>(w_.b, batch, {layer_, &LoraLayer::b}, x, beta, s, stream, "in_proj_b");
+    project<S, Arch>(w_.a, batch, {layer_, &LoraLayer::a}, x, g, s, stream, "in_proj_a");
 
     kernels::GdnGatesArgs ga{};
     ga.beta = beta;
@@ -105,7 +105,7 @@ class GatedDeltaNet {
     gn.n_cols = dv;
     gn.eps = cfg_.rms_norm_eps;
     check_launch(kernels::launch_gated_rmsnorm<S>(Arch{}, gn, stream), "gated_rmsnorm");
-    project<S, Arch>(w_.out, o, T, out, stream, "out_proj", accumulate);
+    project<S, Arch>(w_.out, batch, {layer_, &LoraLayer::out}, o, out, s, stream, "out_proj", accumulate);
   }
 
  private:

@@ -106,6 +106,17 @@ class MoeBlock {
       e.shared = &*w_.shared;
       e.shared_weights = shared_gate;
     }
+    // Each token with an adapter that updates this layer's experts points at its updates.
+    s.expert_lora.clear();
+    s.expert_lora.reserve(b.adapter_runs.size());  // no reallocation: token_lora points into it
+    for (AdapterRun const& run : b.adapter_runs) {
+      LoraLayer const& l = run.adapter->layers[layer_];
+      if (!l.touches_experts()) continue;
+      if (s.expert_lora.empty()) s.token_lora.assign(static_cast<std::size_t>(T), nullptr);
+      s.expert_lora.push_back(l.experts());
+      std::fill(s.token_lora.begin() + run.begin, s.token_lora.begin() + run.end, &s.expert_lora.back());
+    }
+    if (!s.expert_lora.empty()) e.token_lora = s.token_lora.data();
     check_launch(kernels::launch_expert_ffn<S>(Arch{}, e, stream), "expert_ffn");
   }
 

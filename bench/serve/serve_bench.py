@@ -9,7 +9,7 @@ Scenarios, the Flash design's four dimensions plus a concurrency sweep:
   tail      16 streams where 1 request in 10 has a long prompt: the short requests' P99 ITL
             against the same load without long prompts
   prefix    a customer-service workload: one shared system prompt, short varied user turns;
-            kv_shared_hit_rate and TTFT from the server's /metrics
+            kv_shared_hit_rate and TTFT from the server's /metrics (--chat: as chat messages)
 
 Every request and scenario is bounded in count and time; traffic goes only to the URL given
 (start the server on loopback), or to a server this script starts itself on 127.0.0.1:
@@ -62,11 +62,13 @@ class Corpus:
 # ---- one streaming request ---------------------------------------------------------------
 
 async def stream_completion(url, body, api_key, timeout):
-    """POSTs body to /v1/completions with stream=true; returns timings and usage."""
+    """POSTs body to /v1/completions (/v1/chat/completions when it holds messages) with
+    stream=true; returns timings and usage."""
     u = urllib.parse.urlsplit(url)
     host, port = u.hostname, u.port or 80
     payload = json.dumps(dict(body, stream=True, stream_options={"include_usage": True})).encode()
-    headers = [f"POST {u.path.rstrip('/')}/v1/completions HTTP/1.1", f"Host: {host}:{port}",
+    endpoint = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    headers = [f"POST {u.path.rstrip('/')}{endpoint} HTTP/1.1", f"Host: {host}:{port}",
                "Content-Type: application/json", f"Content-Length: {len(payload)}",
                "Accept: text/event-stream", "Connection: close"]
     if api_key:
@@ -102,7 +104,7 @@ async def stream_completion(url, body, api_key, timeout):
                     if msg.get("usage"):
                         usage = msg["usage"]
                     for c in msg.get("choices", []):
-                        if c.get("text"):
+                        if c.get("text") or (c.get("delta") or {}).get("content"):
                             token_times.append(time.perf_counter())
         t1 = time.perf_counter()
     finally:
@@ -261,6 +263,11 @@ async def scenario_prefix(args, corpus):
 
     def make(i):
         user = corpus.text(args.user_turn_tokens)
+        if args.chat:  # the server renders the chat template and marks where the system prompt ends
+            b = body(args.model, None, args.max_tokens, "turn")
+            del b["prompt"]
+            b["messages"] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+            return b
         return body(args.model, f"{system}\nCustomer: {user}\nAssistant:", args.max_tokens, "turn")
     res, wall = await run_load(args, 4, make, args.requests, args.max_seconds)
     s = summarize(res, wall)
@@ -270,6 +277,7 @@ async def scenario_prefix(args, corpus):
     cached = [r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) for r in res]
     prompt = [r["usage"].get("prompt_tokens", 0) for r in res]
     s["cached_token_share"] = sum(cached) / sum(prompt) if sum(prompt) else 0.0
+    s["api"] = "chat" if args.chat else "completions"
     s["system_prompt_tokens"] = args.system_prompt_tokens
     s["user_turn_tokens"] = args.user_turn_tokens
     return [s]
@@ -365,6 +373,9 @@ def main():
                     help="tail: the long prompts' size (~tokens; the embedded model's context is 1024)")
     ap.add_argument("--system-prompt-tokens", type=int, default=300)
     ap.add_argument("--user-turn-tokens", type=int, default=32)
+    ap.add_argument("--chat", action="store_true",
+                    help="prefix: send /v1/chat/completions with a system message (the server snapshots hybrid "
+                         "models' states where it ends) instead of one /v1/completions text")
     ap.add_argument("--jitter-seconds", type=float, default=30)
     ap.add_argument("--max-seconds", type=float, default=300, help="cap per run")
     ap.add_argument("--request-timeout", type=float, default=600)

@@ -458,3 +458,38 @@ TEST_CASE("engine: each request runs the LoRA adapter it names, beside others; t
     CHECK(std::string(err.what()).find("unknown LoRA adapter 'nope' (loaded: austen)") != std::string::npos);
   }
 }
+
+TEST_CASE("engine: snapshot hints let a request that shares only a system prompt resume after it (hybrid model)") {
+  auto const system = encode(kPrompts[3] + ". " + kPrompts[0] + ", that a single man in possession of a fortune");
+  REQUIRE(system.size() >= 32);
+  auto with_turn = [&](std::string const& turn) {
+    std::vector<std::int32_t> ids = system;
+    auto const t = encode(" " + turn + " " + kPrompts[4]);
+    ids.insert(ids.end(), t.begin(), t.end());
+    return ids;
+  };
+  auto const a = with_turn("Mr. Darcy walked in."), b = with_turn("Emma laughed at the idea.");
+  std::int32_t const hint = static_cast<std::int32_t>(system.size());
+  std::int64_t const shared_blocks = hint / 16;
+
+  for (bool hinted : {false, true}) {
+    CAPTURE(hinted);
+    EngineOptions o;
+    o.prefix.snapshot_bf16 = false;       // restore the exact state: the same greedy tokens follow
+    o.prefix.snapshot_every_blocks = 64;  // no periodic snapshot inside these prompts
+    auto e = start(o);
+    GenerationRequest ra = greedy(a, 4), rb = greedy(b, 8);
+    if (hinted) ra.snapshot_hints = rb.snapshot_hints = {hint};
+    REQUIRE_FALSE(collect(*e->submit(ra)).error);
+    Result const got = collect(*e->submit(rb));
+    REQUIRE_FALSE(got.error);
+    // Without the hint the only snapshot is at a's own prompt end, which b does not share.
+    CHECK(got.usage.cached_tokens == (hinted ? shared_blocks * 16 : 0));
+    CHECK(got.tokens[0] == reference(b, 8).tokens);
+  }
+  // Hints outside the prompt are refused.
+  auto e = start();
+  GenerationRequest bad = greedy(a, 2);
+  bad.snapshot_hints = {static_cast<std::int32_t>(a.size())};
+  CHECK_THROWS_AS(e->submit(bad), RequestError);
+}

@@ -277,6 +277,30 @@ TEST_CASE("lora: a loaded adapter by name, through 'lora' or 'model'; unknown na
                    {"must be a string"});
 }
 
+TEST_CASE("chat: snapshot hints mark where the system prompt and the last turns end") {
+  auto const p = parse(Api::kChat, R"({"messages": [
+      {"role": "system", "content": "You are a helpful assistant who answers in the manner of Jane Austen."},
+      {"role": "user", "content": "Who is Mr. Darcy?"},
+      {"role": "assistant", "content": "A gentleman of Derbyshire."},
+      {"role": "user", "content": "And Elizabeth?"}]})");
+  auto const& g = p.generation;
+  REQUIRE(g.snapshot_hints.size() == 3);  // after the system prompt, the first question and its answer
+  for (std::size_t i = 0; i < g.snapshot_hints.size(); ++i) {
+    CHECK(g.snapshot_hints[i] > (i ? g.snapshot_hints[i - 1] : 0));
+    CHECK(static_cast<std::size_t>(g.snapshot_hints[i]) < g.prompt.size());
+  }
+  // The first hint is the system message alone, rendered and tokenized.
+  io::ChatInput sys;
+  sys.messages = nlohmann::ordered_json::parse(
+      R"([{"role": "system", "content": "You are a helpful assistant who answers in the manner of Jane Austen."}])");
+  auto const ids = test::default_tokenizer().encode(test::default_chat_template().render(sys));
+  CHECK(g.snapshot_hints[0] == static_cast<std::int32_t>(ids.size()));
+  CHECK(std::equal(ids.begin(), ids.end(), g.prompt.begin()));
+  // One message: nothing to hint; completions: none.
+  CHECK(parse(Api::kChat, R"({"messages": [{"role": "user", "content": "Hi"}]})").generation.snapshot_hints.empty());
+  CHECK(parse(Api::kCompletions, R"({"prompt": "x"})").generation.snapshot_hints.empty());
+}
+
 TEST_CASE("model, stream and stream_options") {
   expect_api_error([] { (void)parse(Api::kCompletions, R"({"model": "gpt-4", "prompt": "x"})"); }, 404, "model",
                    {"the model 'gpt-4' does not exist; this server serves 'micro'"});

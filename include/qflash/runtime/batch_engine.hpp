@@ -322,6 +322,10 @@ class BatchEngine final : public Engine {
     try {
       validate(r.sampling);
       if (r.routing) model::check_routing(*r.routing, cfg_->n_expert, cfg_->n_expert_used);
+      for (std::size_t i = 0; i < r.snapshot_hints.size(); ++i)
+        if (r.snapshot_hints[i] <= 0 || static_cast<std::size_t>(r.snapshot_hints[i]) >= r.prompt.size() ||
+            (i > 0 && r.snapshot_hints[i] <= r.snapshot_hints[i - 1]))
+          invalid("snapshot_hints must ascend within (0, ", r.prompt.size(), "), got ", r.snapshot_hints[i]);
       if (!r.lora.empty() && !adapters_.contains(r.lora))
         invalid("unknown LoRA adapter '", r.lora, "' (loaded: ", adapters_.empty() ? "none" : names(info_.adapters), ")");
     } catch (Error const& e) {
@@ -586,15 +590,25 @@ class BatchEngine final : public Engine {
   // ---- prefix cache ---------------------------------------------------------------------------
 
   /// The next block boundary after s.computed where a hybrid model keeps a state snapshot
-  /// (0: none): every snapshot_every_blocks blocks, and the prompt's last full block.
+  /// (0: none): every snapshot_every_blocks blocks, the last full block before each of the
+  /// request's snapshot hints, and the prompt's last full block.
   [[nodiscard]] std::int64_t next_snapshot(Sequence const& s) const {
     if (!cache_ || !hybrid_) return 0;
     std::int64_t const bt = pool_->layout().block_tokens();
     std::int64_t const every = std::max(1, opts_.prefix.snapshot_every_blocks) * bt;
     std::int64_t cut = (s.computed / every + 1) * every;
-    std::int64_t const prompt_end = s.n_prompt / bt * bt;
-    if (prompt_end > s.computed) cut = std::min(cut, prompt_end);
+    for_each_prompt_boundary(s, [&](std::int64_t end) {
+      if (end > s.computed) cut = std::min(cut, end);
+    });
     return cut;
+  }
+
+  /// Calls f with each block boundary of s's prompt structure: each hint's, then the prompt's end.
+  template <class F>
+  void for_each_prompt_boundary(Sequence const& s, F&& f) const {
+    std::int64_t const bt = pool_->layout().block_tokens();
+    for (std::int32_t const h : s.req->params.snapshot_hints) f(h / bt * bt);
+    f(s.n_prompt / bt * bt);
   }
 
   /// Registers s's newly full blocks with the cache, and snapshots its state at a boundary.
@@ -611,8 +625,9 @@ class BatchEngine final : public Engine {
       s.hashes.push_back(cache_->insert(parent, toks, salt, s.state->blocks()[i]));
     }
     if (!hybrid_ || full == 0 || s.computed % bt != 0) return;
-    bool const at_prompt_end = s.computed == s.n_prompt / bt * bt;
-    if (full % std::max(1, opts_.prefix.snapshot_every_blocks) != 0 && !at_prompt_end) return;
+    bool at_prompt_boundary = false;
+    for_each_prompt_boundary(s, [&](std::int64_t end) { at_prompt_boundary = at_prompt_boundary || end == s.computed; });
+    if (full % std::max(1, opts_.prefix.snapshot_every_blocks) != 0 && !at_prompt_boundary) return;
     kv::BlockHash const h = s.hashes[static_cast<std::size_t>(full - 1)];
     if (!cache_->has_snapshot(h)) cache_->attach_snapshot(h, s.state->snapshot_linear(opts_.prefix.snapshot_bf16));
   }

@@ -42,6 +42,10 @@ struct GenerationRequest {
   int priority = 0;                          ///< smaller is scheduled first; first come, first served within
   std::optional<model::Routing> routing;     ///< experts per token (empty: the engine's); part of the prefix key
   std::string lora;                          ///< LoRA adapter by name (empty: the engine's default); part of the prefix key
+  /// Prompt lengths where its structure ends (a shared system prompt, each chat turn): hybrid
+  /// models also snapshot their DeltaNet states at the block boundary at or before each, so a
+  /// later request sharing only that much of the prompt resumes there. Ascending, in (0, prompt).
+  std::vector<std::int32_t> snapshot_hints;
 };
 
 /// A generated token's log-probability under the model's distribution (before temperature

@@ -478,8 +478,36 @@ inline void chat_refused_fields(Fields const& f) {
     if (f.has(key)) QFLASH_API_FAIL(400, std::string(key), "", "'", key, "' is not supported by this server");
 }
 
-/// The prompt of a chat request: the messages rendered with the model's template.
-inline std::vector<std::int32_t> chat_prompt(Fields const& f, ModelContext const& m) {
+/// The snapshot hints of a chat prompt (runtime::GenerationRequest::snapshot_hints): where the
+/// first message (the system prompt, usually shared) and each of the last few messages end in
+/// `prompt`, found by rendering the conversation up to each; a prefix the template renders
+/// otherwise, or whose tokens are not the prompt's first ones, gives none.
+inline std::vector<std::int32_t> chat_snapshot_hints(io::ChatInput const& full, std::vector<std::int32_t> const& prompt,
+                                                     ModelContext const& m) {
+  constexpr std::size_t kLastTurns = 3;
+  std::size_t const n = full.messages.size();
+  std::vector<std::int32_t> hints;
+  for (std::size_t k = 1; k < n; ++k) {
+    if (k != 1 && k + kLastTurns < n) continue;
+    io::ChatInput part = full;
+    part.messages = nlohmann::ordered_json(full.messages.begin(), full.messages.begin() + static_cast<std::ptrdiff_t>(k));
+    part.add_generation_prompt = false;
+    std::vector<std::int32_t> ids;
+    try {
+      ids = m.tokenizer->encode(m.chat_template->render(part));
+    } catch (std::exception const&) {
+      continue;  // templates may refuse a partial conversation (e.g. one without a user turn)
+    }
+    if (ids.empty() || ids.size() >= prompt.size() || !std::equal(ids.begin(), ids.end(), prompt.begin())) continue;
+    if (hints.empty() || static_cast<std::int32_t>(ids.size()) > hints.back())
+      hints.push_back(static_cast<std::int32_t>(ids.size()));
+  }
+  return hints;
+}
+
+/// The prompt of a chat request: the messages rendered with the model's template; `hints`
+/// gets where its messages end (chat_snapshot_hints).
+inline std::vector<std::int32_t> chat_prompt(Fields const& f, ModelContext const& m, std::vector<std::int32_t>& hints) {
   if (!m.chat_template)
     QFLASH_API_FAIL(400, "messages", "no_chat_template", "this model has no chat template; use /v1/completions");
   io::ChatInput in;
@@ -497,7 +525,9 @@ inline std::vector<std::int32_t> chat_prompt(Fields const& f, ModelContext const
   } catch (Error const& e) {
     QFLASH_API_FAIL(400, "messages", "", "the model's chat template could not render the messages: ", e.what());
   }
-  return m.tokenizer->encode(text);
+  std::vector<std::int32_t> prompt = m.tokenizer->encode(text);
+  hints = chat_snapshot_hints(in, prompt, m);
+  return prompt;
 }
 
 }  // namespace detail
@@ -580,7 +610,7 @@ inline ParsedRequest parse_request(Api api, Json const& body, ModelContext const
 
   // The prompt last: tokenizing and rendering cost the most.
   std::string const param = api == Api::kChat ? "messages" : "prompt";
-  g.prompt = api == Api::kChat ? detail::chat_prompt(f, m) : detail::prompt_tokens(f, m);
+  g.prompt = api == Api::kChat ? detail::chat_prompt(f, m, g.snapshot_hints) : detail::prompt_tokens(f, m);
   detail::check_prompt(g.prompt.size(), m, param);
   bool const explicit_budget = f.has("max_tokens") || (api == Api::kChat && f.has("max_completion_tokens"));
   if (api == Api::kChat && !explicit_budget)  // OpenAI's chat default: up to the end of the context

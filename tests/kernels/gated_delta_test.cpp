@@ -32,6 +32,7 @@
 #include "support/tolerance.hpp"
 
 using namespace qflash;
+using test::max_abs_diff;
 using arch::CpuIsa;
 using kernels::DeltaRuleForm;
 using kernels::GatedDeltaArgs;
@@ -117,11 +118,6 @@ Problem run(Problem p, CpuIsa isa, DeltaRuleForm form, int chunk = 64) {
   return p;
 }
 
-double max_abs_diff(std::vector<float> const& a, std::vector<float> const& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double{a[i]} - b[i]));
-  return m;
-}
 
 /// Checks outputs and final state; returns the larger max abs error.
 double check_close(Problem const& got, Problem const& want, Tolerance tol = kDeltaTol) {

@@ -12,7 +12,10 @@
 #include "qflash/model/model.hpp"
 #include "qflash/runtime/load_model.hpp"
 
+#include "support/tolerance.hpp"
+
 using namespace qflash;
+using test::max_abs_diff;
 
 namespace {
 
@@ -40,12 +43,6 @@ std::vector<float> run(runtime::LoadedModel const& lm, std::vector<std::int32_t>
   return all;
 }
 
-double max_abs_diff(std::vector<float> const& a, std::vector<float> const& b) {
-  REQUIRE(a.size() == b.size());
-  double d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return d;
-}
 
 }  // namespace
 

@@ -17,10 +17,12 @@
 #include "qflash/io/safetensors.hpp"
 #include "qflash/numeric/bf16.hpp"
 #include "qflash/runtime/load_model.hpp"
+#include "support/tolerance.hpp"
 #include "support/safetensors_writer.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace qflash;
+using test::max_abs_diff;
 
 namespace {
 
@@ -48,12 +50,6 @@ std::vector<float> logits_of(M& m, std::vector<std::int32_t> const& ids) {
   return out;
 }
 
-double max_abs_diff(std::vector<float> const& a, std::vector<float> const& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double{a[i]} - b[i]));
-  return m;
-}
 
 struct Agreement {
   double mean_kl = 0;  ///< KL(reference || ours), mean over tokens

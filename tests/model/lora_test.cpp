@@ -17,11 +17,13 @@
 #include "qflash/runtime/load_model.hpp"
 #include "qflash/runtime/lora.hpp"
 #include "qflash/runtime/sampler.hpp"
+#include "support/tolerance.hpp"
 #include "support/expect_error.hpp"
 #include "support/safetensors_writer.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace qflash;
+using test::max_abs_diff;
 namespace fs = std::filesystem;
 
 namespace {
@@ -79,12 +81,6 @@ std::pair<std::vector<float>, std::vector<std::int32_t>> run(GenericModel& m, st
   return {all, out};
 }
 
-double max_abs_diff(std::vector<float> const& a, std::vector<float> const& b) {
-  REQUIRE(a.size() == b.size());
-  double d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return d;
-}
 
 }  // namespace
 

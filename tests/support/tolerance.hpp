@@ -2,6 +2,7 @@
 /// Per-dtype tolerances and the element-wise pass rule |y - ref| <= atol + rtol * |ref|.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -23,6 +24,19 @@ inline constexpr Tolerance f32{1e-5, 1e-5};
 /// rounding flip at the last step, plus a small absolute floor near zero.
 inline constexpr Tolerance bf16{1e-3, 1.0 / 128};
 }  // namespace tol
+
+/// The largest |a[i] - b[i]| in fp64: NaN when any difference is NaN, infinity when the sizes
+/// differ, so that `max_abs_diff(a, b) <= limit` fails for either.
+inline double max_abs_diff(std::span<float const> a, std::span<float const> b) {
+  if (a.size() != b.size()) return HUGE_VAL;
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    double const d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(d)) return d;
+    m = std::max(m, d);
+  }
+  return m;
+}
 
 /// Checks every element; on failure describes the first few mismatches.
 struct CloseResult {

@@ -49,39 +49,41 @@ struct LoraStorage {
 
 namespace detail {
 
-/// The projection a PEFT module path names inside layer `l`, or null when it names none.
-inline kernels::LowRank* lora_slot(model::LoraLayer& l, std::string_view module) {
-  if (module == "self_attn.q_proj") return &l.q;
-  if (module == "self_attn.k_proj") return &l.k;
-  if (module == "self_attn.v_proj") return &l.v;
-  if (module == "self_attn.o_proj") return &l.o;
-  if (module == "linear_attn.in_proj_qkv") return &l.qkv;
-  if (module == "linear_attn.in_proj_z") return &l.z;
-  if (module == "linear_attn.in_proj_b") return &l.b;
-  if (module == "linear_attn.in_proj_a") return &l.a;
-  if (module == "linear_attn.out_proj") return &l.out;
-  if (module == "mlp.shared_expert.gate_proj") return &l.shared_gate;
-  if (module == "mlp.shared_expert.up_proj") return &l.shared_up;
-  if (module == "mlp.shared_expert.down_proj") return &l.shared_down;
-  return nullptr;
-}
+/// A projection an adapter may update, by its PEFT module path inside a layer: where the update
+/// goes, and the base matrix it applies to (null when the layer has none there).
+struct LoraTarget {
+  std::string_view module;
+  kernels::LowRank model::LoraLayer::*update;
+  WeightView const* (*base)(model::LayerWeights const&);
+};
 
-/// The base matrix the update of `module` in layer `l` applies to (null: the model has none there).
-inline WeightView const* lora_base(model::LayerWeights const& w, std::string_view module) {
-  bool const attn = w.kind == model::LayerKind::kFullAttention;
-  if (module == "self_attn.q_proj") return attn ? &w.attention.q : nullptr;
-  if (module == "self_attn.k_proj") return attn ? &w.attention.k : nullptr;
-  if (module == "self_attn.v_proj") return attn ? &w.attention.v : nullptr;
-  if (module == "self_attn.o_proj") return attn ? &w.attention.o : nullptr;
-  if (module == "linear_attn.in_proj_qkv") return attn ? nullptr : &w.linear.qkv;
-  if (module == "linear_attn.in_proj_z") return attn ? nullptr : &w.linear.z;
-  if (module == "linear_attn.in_proj_b") return attn ? nullptr : &w.linear.b;
-  if (module == "linear_attn.in_proj_a") return attn ? nullptr : &w.linear.a;
-  if (module == "linear_attn.out_proj") return attn ? nullptr : &w.linear.out;
-  if (!w.moe.shared) return nullptr;
-  if (module == "mlp.shared_expert.gate_proj") return &w.moe.shared->gate;
-  if (module == "mlp.shared_expert.up_proj") return &w.moe.shared->up;
-  if (module == "mlp.shared_expert.down_proj") return &w.moe.shared->down;
+using Layer = model::LayerWeights;
+inline bool is_attention(Layer const& w) { return w.kind == model::LayerKind::kFullAttention; }
+
+inline constexpr LoraTarget kLoraTargets[] = {
+    {"self_attn.q_proj", &model::LoraLayer::q, [](Layer const& w) -> WeightView const* { return is_attention(w) ? &w.attention.q : nullptr; }},
+    {"self_attn.k_proj", &model::LoraLayer::k, [](Layer const& w) -> WeightView const* { return is_attention(w) ? &w.attention.k : nullptr; }},
+    {"self_attn.v_proj", &model::LoraLayer::v, [](Layer const& w) -> WeightView const* { return is_attention(w) ? &w.attention.v : nullptr; }},
+    {"self_attn.o_proj", &model::LoraLayer::o, [](Layer const& w) -> WeightView const* { return is_attention(w) ? &w.attention.o : nullptr; }},
+    {"linear_attn.in_proj_qkv", &model::LoraLayer::qkv,
+     [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.qkv; }},
+    {"linear_attn.in_proj_z", &model::LoraLayer::z, [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.z; }},
+    {"linear_attn.in_proj_b", &model::LoraLayer::b, [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.b; }},
+    {"linear_attn.in_proj_a", &model::LoraLayer::a, [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.a; }},
+    {"linear_attn.out_proj", &model::LoraLayer::out,
+     [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.out; }},
+    {"mlp.shared_expert.gate_proj", &model::LoraLayer::shared_gate,
+     [](Layer const& w) -> WeightView const* { return w.moe.shared ? &w.moe.shared->gate : nullptr; }},
+    {"mlp.shared_expert.up_proj", &model::LoraLayer::shared_up,
+     [](Layer const& w) -> WeightView const* { return w.moe.shared ? &w.moe.shared->up : nullptr; }},
+    {"mlp.shared_expert.down_proj", &model::LoraLayer::shared_down,
+     [](Layer const& w) -> WeightView const* { return w.moe.shared ? &w.moe.shared->down : nullptr; }},
+};
+
+/// The target a PEFT module path names, or null.
+inline LoraTarget const* lora_target(std::string_view module) {
+  for (auto const& t : kLoraTargets)
+    if (t.module == module) return &t;
   return nullptr;
 }
 
@@ -262,8 +264,9 @@ inline std::shared_ptr<model::LoraAdapter const> load_lora(std::string const& di
                    " needs lora_A [", want_a_rows, ", ", in, "] and lora_B [", out, ", ", want_a_rows, "]");
     };
 
-    if (kernels::LowRank* slot = detail::lora_slot(ll, rest)) {
-      WeightView const* base = detail::lora_base(lw, rest);
+    if (detail::LoraTarget const* target = detail::lora_target(rest)) {
+      kernels::LowRank* slot = &(ll.*target->update);
+      WeightView const* base = target->base(lw);
       QFLASH_CHECK(base, st_path, ": tensor '", p.a->name, "' updates ", rest, " in layer ", layer,
                    ", which the model does not have there (a ",
                    lw.kind == model::LayerKind::kFullAttention ? "full-attention" : "Gated DeltaNet", " layer",

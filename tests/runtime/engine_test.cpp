@@ -80,11 +80,12 @@ GenerationRequest greedy(std::vector<std::int32_t> prompt, int max_tokens) {
   return r;
 }
 
-/// runtime::generate's greedy result on the instance the engine runs.
-GenerateResult reference(std::vector<std::int32_t> const& prompt, int max_tokens) {
+/// runtime::generate's greedy result on the instance the engine runs (with `mo`, on `model`).
+GenerateResult reference(std::vector<std::int32_t> const& prompt, int max_tokens, model::ModelOptions const& mo = {},
+                         LoadedModel model = load()) {
   GenerateResult out;
   auto tok = tokenizer();
-  with_model(load(), {}, [&](auto& m) {
+  with_model(std::move(model), mo, [&](auto& m) {
     GenerateOptions g;
     g.max_tokens = max_tokens;
     g.eos_ids.assign(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
@@ -372,15 +373,7 @@ TEST_CASE("engine: each request routes as it asks, beside others; the prefix cac
     REQUIRE_FALSE(results[i].error);
     model::ModelOptions mo;
     if (routings[i]) mo.routing = *routings[i];
-    GenerateResult want;
-    auto tok = tokenizer();
-    with_model(load(), mo, [&](auto& m) {
-      GenerateOptions g;
-      g.max_tokens = 12;
-      g.eos_ids.assign(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
-      want = generate(m, tok, ids, g);
-    });
-    CHECK(results[i].tokens[0] == want.tokens);
+    CHECK(results[i].tokens[0] == reference(ids, 12, mo).tokens);
   }
   CHECK(results[1].tokens[0] != results[2].tokens[0]);
   // Only a request with the same routing reuses a routing's cached prefix.
@@ -426,14 +419,7 @@ TEST_CASE("engine: each request runs the LoRA adapter it names, beside others; t
   model::ModelOptions mo;
   auto loaded = load();
   mo.lora = load_lora(dir, loaded);
-  GenerateResult want;
-  auto tok = tokenizer();
-  with_model(std::move(loaded), mo, [&](auto& m) {
-    GenerateOptions g;
-    g.max_tokens = 12;
-    g.eos_ids.assign(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
-    want = generate(m, tok, ids, g);
-  });
+  auto const want = reference(ids, 12, mo, std::move(loaded));
   CHECK(r_adapted.tokens[0] == want.tokens);
   CHECK(r_adapted.tokens[0] != r_plain.tokens[0]);
   // The adapter's cached prefix serves it again; the base model's never serves the adapter's.

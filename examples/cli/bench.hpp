@@ -30,6 +30,7 @@
 
 #include "args.hpp"
 #include "kv_option.hpp"
+#include "qflash/arch/cpu_features.hpp"
 #include "qflash/core/log.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/io/gguf_config.hpp"
@@ -236,6 +237,7 @@ inline nlohmann::ordered_json to_json(Context const& c, Row const& r) {
   j["kv"] = c.kv;
   j["routing"] = c.routing;
   j["threads"] = r.threads;
+  j["cpu_isa"] = arch::to_string(arch::cpu_isa());
   j["test"] = r.test;
   j["n_prompt"] = r.n_prompt;
   j["n_gen"] = r.n_gen;

@@ -456,10 +456,11 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["test"] for r in rows] == ["pp8", "tg4"], rows
 for r in rows:
-    for k in ("model", "format", "threads", "prefill_tok_s", "decode_tok_s", "bytes_per_token",
+    for k in ("model", "format", "threads", "cpu_isa", "prefill_tok_s", "decode_tok_s", "bytes_per_token",
               "bandwidth_gbs", "roofline_fraction", "peak_rss_bytes"):
         assert k in r, k
     assert r["model"] == "qwen3_5_moe-micro" and r["format"] == "bf16" and r["threads"] == 1, r
+    assert r["cpu_isa"] in ("scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"), r
     assert r["bytes_per_token"] > 0 and r["bandwidth_gbs"] > 0 and r["peak_rss_bytes"] > 0, r
     assert len(r["samples_tok_s"]) == 1 and r["stddev_tok_s"] == 0, r
 pp, tg = rows

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -45,10 +46,12 @@ QFLASH_TARGET_AVX2 void simd_eval(float const* x, float* exp_out, float* silu_ou
 }
 #endif
 
-/// The levels with code of their own in these ops (kAvx512Bf16 runs kAvx512Vnni's), up to this CPU's.
+/// The levels with code of their own in these ops (kAvx512Bf16 runs kAvx512Vnni's; kAmx has
+/// linear's bf16 and q8_0 tiles), up to this CPU's.
 std::vector<arch::CpuIsa> isas_here() {
   std::vector<arch::CpuIsa> out;
-  for (auto isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512, arch::CpuIsa::kAvx512Vnni})
+  for (auto isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512, arch::CpuIsa::kAvx512Vnni,
+                   arch::CpuIsa::kAmx})
     if (arch::detect_cpu_isa() >= isa) out.push_back(isa);
   return out;
 }
@@ -57,10 +60,13 @@ std::vector<arch::CpuIsa> isas_here() {
 
 TEST_CASE("linear: every ISA path and weight format equals the reference") {
   // Shapes: odd sizes for the element formats, whole 32/256-blocks for the GGUF ones, a
-  // short last int4 group, fp8 tiles cut by the matrix edge.
-  std::vector<std::array<int, 3>> const shapes{{1, 1, 1},    {1, 31, 7},   {3, 71, 33},  {5, 129, 64},
-                                               {9, 256, 17}, {2, 512, 5},  {4, 96, 130}, {1, 768, 3},
-                                               {40, 2048, 9}};  // two token blocks (kTokenBlockBytes)
+  // short last int4 group, fp8 tiles cut by the matrix edge; AMX (bf16 and q8_0, >= 8 tokens,
+  // whole 32-column chunks): one token tile, odd tile counts, rows past the last 16 and 32.
+  std::vector<std::array<int, 3>> const shapes{{1, 1, 1},     {1, 31, 7},    {3, 71, 33},  {5, 129, 64},
+                                               {9, 256, 17},  {2, 512, 5},   {4, 96, 130}, {1, 768, 3},
+                                               {40, 2048, 9},  // two token blocks (kTokenBlockBytes)
+                                               {8, 32, 16},   {37, 96, 50},  {16, 64, 32}, {70, 256, 67},
+                                               {33, 512, 80}};
   for (auto isa : isas_here())
     for (WeightFormat f : kAllWeightFormats)
       for (auto [n_tok, n_in, n_out] : shapes) {
@@ -91,6 +97,41 @@ TEST_CASE("linear: every ISA path and weight format equals the reference") {
         r = all_close<float, float>(y, ref, kDot);
         CHECK_MESSAGE(r.ok, r.report);
       }
+}
+
+TEST_CASE("linear: a NaN or infinite activation reaches the same outputs on every path") {
+  // AMX splits each activation into bf16 terms: an infinite term must not leave inf - inf.
+  int const n_tok = 16, n_in = 64, n_out = 32;
+  auto x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 11);
+  auto wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 12, 0.1f, 0.9f);  // no zero weight
+  x[3] = std::numeric_limits<float>::infinity();       // token 0
+  x[n_in + 5] = -std::numeric_limits<float>::infinity();  // token 1
+  x[2 * n_in + 7] = std::numeric_limits<float>::quiet_NaN();  // token 2
+  x[3 * n_in + 9] = 3.4e38f;  // token 3: finite, but would round up to bf16's infinity
+  auto w = encode_matrix(WeightFormat::kBf16, wf.data(), n_out, n_in);
+  LinearArgs a{};
+  a.w = w.view;
+  a.x = x.data();
+  a.n_tokens = n_tok;
+  std::vector<float> ref(static_cast<std::size_t>(n_tok * n_out));
+  a.y = ref.data();
+  ref::linear(a);
+  for (auto isa : isas_here()) {
+    CAPTURE(to_string(isa));
+    std::vector<float> y(ref.size());
+    a.y = y.data();
+    REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+    for (int o = 0; o < n_out; ++o) {
+      CHECK(std::isinf(y[static_cast<std::size_t>(o)]));
+      CHECK(y[static_cast<std::size_t>(o)] > 0);
+      CHECK(std::isinf(y[static_cast<std::size_t>(n_out + o)]));
+      CHECK(y[static_cast<std::size_t>(n_out + o)] < 0);
+      CHECK(std::isnan(y[static_cast<std::size_t>(2 * n_out + o)]));
+    }
+    std::vector<float> const finite_ref(ref.begin() + 3 * n_out, ref.end()), finite(y.begin() + 3 * n_out, y.end());
+    auto r = all_close<float, float>(finite, finite_ref, Tolerance{1e-3, 1e-5});
+    CHECK_MESSAGE(r.ok, r.report);
+  }
 }
 
 TEST_CASE("linear: 8-bit activations cost at most half a step per value against fp32 ones") {
@@ -146,9 +187,10 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
   // Prefill runs several tokens per pass through a weight row, decode one: each (row, token)
   // sum is the same chain of operations either way, so a batch gives each token its one-token
   // result, bit for bit (what a serving engine needs for batched and single runs to agree).
+  // Exception: bf16 and q8_0 on AMX tiles from kAmxMinTokens tokens, within fp32 rounding (kDot).
   int const n_out = 19;  // rows over a few tiles
   for (int n_in : {512, 512 + 37})  // whole GGUF blocks; columns past a vector
-  for (int n_tok : {2, 5, 11})
+  for (int n_tok : {2, 5, 11, 20})
     for (WeightFormat f : kAllWeightFormats)
       for (auto isa : isas_here()) {
         if (!row_fits(f, n_in)) continue;
@@ -172,7 +214,13 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
           a.y = one.data() + t * n_out;
           REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
         }
-        CHECK(batch == one);
+        if (cpu::amx_applies(isa, f, n_in, n_tok)) {
+          auto r = all_close<float, float>(batch, one, kDot);
+          CHECK_MESSAGE(r.ok, r.report);
+          CHECK(batch != one);  // the tiles ran
+        } else {
+          CHECK(batch == one);
+        }
       }
 }
 
@@ -378,11 +426,13 @@ TEST_CASE("router_topk: same expert sets and weights as the reference; weights s
 TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every weight format") {
   int const n_expert = 5, k = 2;
   for (WeightFormat f : kAllWeightFormats)
-    for (int n_tok : {1, 4, 11}) {
-      // GGUF blocks need whole blocks along both the d_model and d_ff rows.
+    for (int n_tok : {1, 4, 11, 40}) {
+      // GGUF blocks need whole blocks along both the d_model and d_ff rows; 40 tokens put
+      // 16 on each expert, whole 32-column chunks let bf16 run on AMX tiles.
       bool const k_blocks = f == WeightFormat::kQ4K || f == WeightFormat::kQ6K;
-      int const d_model = k_blocks ? 256 : f == WeightFormat::kQ8_0 ? 64 : 24;
-      int const d_ff = k_blocks ? 256 : f == WeightFormat::kQ8_0 ? 32 : 13;
+      bool const chunks = n_tok == 40;
+      int const d_model = k_blocks ? 256 : f == WeightFormat::kQ8_0 || chunks ? 64 : 24;
+      int const d_ff = k_blocks ? 256 : chunks ? 96 : f == WeightFormat::kQ8_0 ? 32 : 13;
       CAPTURE(n_tok);
       CAPTURE(to_string(f));
       std::vector<OwnedMatrix> store;

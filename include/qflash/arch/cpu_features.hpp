@@ -6,6 +6,14 @@
 #include <cstdlib>
 #include <string_view>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace qflash::arch {
 
 /// Ordered: a level implies every lower one.
@@ -15,6 +23,7 @@ enum class CpuIsa : int {
   kAvx512 = 2,      ///< AVX-512 F, BW, VL, DQ
   kAvx512Vnni = 3,  ///< plus AVX512_VNNI (vpdpbusd / vpdpwssd integer dot products)
   kAvx512Bf16 = 4,  ///< plus AVX512_BF16
+  kAmx = 5,         ///< plus AMX-TILE, AMX-BF16 and AMX-INT8, with the OS's leave to use tile data
 };
 
 constexpr std::string_view to_string(CpuIsa isa) {
@@ -24,8 +33,29 @@ constexpr std::string_view to_string(CpuIsa isa) {
     case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx512Vnni: return "avx512_vnni";
     case CpuIsa::kAvx512Bf16: return "avx512_bf16";
+    case CpuIsa::kAmx: return "amx";
   }
   return "unknown";
+}
+
+/// True when the processor has AMX-TILE, AMX-BF16 and AMX-INT8, the OS saves tile state (XCR0
+/// bits 17 and 18) and, on Linux, grants this process tile data (arch_prctl
+/// ARCH_REQ_XCOMP_PERM, once for every thread). Anything missing: false, and AMX never runs.
+inline bool amx_usable() {
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  bool const amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u, amx_int8 = (d >> 25) & 1u;
+  bool const osxsave = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 27) & 1u);
+  if (!amx_bf16 || !amx_tile || !amx_int8 || !osxsave) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if (((lo >> 17) & 3u) != 3u) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 /// The best level this processor supports.
@@ -39,6 +69,8 @@ inline CpuIsa detect_cpu_isa() {
                       __builtin_cpu_supports("avx512dq");
   bool const avx512_vnni = avx512 && __builtin_cpu_supports("avx512vnni");
   bool const avx512_bf16 = avx512_vnni && __builtin_cpu_supports("avx512bf16");
+  static bool const amx = avx512_bf16 && amx_usable();
+  if (amx) return CpuIsa::kAmx;
   if (avx512_bf16) return CpuIsa::kAvx512Bf16;
   if (avx512_vnni) return CpuIsa::kAvx512Vnni;
   if (avx512) return CpuIsa::kAvx512;
@@ -49,9 +81,9 @@ inline CpuIsa detect_cpu_isa() {
 
 /// Every level, lowest first.
 inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Vnni,
-                                         CpuIsa::kAvx512Bf16};
+                                         CpuIsa::kAvx512Bf16, CpuIsa::kAmx};
 
-/// Parses "scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16"; returns false on anything else.
+/// Parses "scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"; returns false on anything else.
 inline bool parse_cpu_isa(std::string_view s, CpuIsa& out) {
   for (auto isa : kAllCpuIsas) {
     if (s == to_string(isa)) {

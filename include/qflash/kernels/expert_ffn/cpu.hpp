@@ -8,7 +8,9 @@
 ///     runs every active expert's down rows of the block and adds them, weighted, into its
 ///     tokens' outputs (items own their output rows, so no two threads add into one value).
 /// Every expert's weights are read once per call; activations read by quantized formats are
-/// quantized once per call (tokens once, SwiGLU outputs once). The shared expert, when given,
+/// quantized once per call (tokens once, SwiGLU outputs once); with AMX, an expert's bf16 or
+/// q8_0 projections of 8 tokens or more read its tokens packed once for the tiles (linear's
+/// cpu_amx.hpp), in a short region before each of the two. The shared expert, when given,
 /// is one more expert that every token uses. LoRA updates (token_lora) add B (A x) to each
 /// block of gate/up rows and to each block of output rows, A x computed once per pair.
 /// Scratch persists across calls (thread_local in the calling thread), so a decode step
@@ -64,6 +66,10 @@ struct ExpertScratch {
   std::vector<float> gate, up;       ///< [pairs, d_ff_max]; gate ends as the SwiGLU output
   std::vector<std::byte> xq[kActBlockKinds], act_q[kActBlockKinds];
   SlotScratch<float> rows;  ///< kernels/linear's per-slot scratch
+  /// AMX: each active expert's tokens (x) and SwiGLU outputs (act) packed for tiles, at
+  /// offsets [active]; -1: not packed (too few tokens, neither bf16 nor q8_0).
+  std::vector<std::byte> amx_x, amx_act;
+  std::vector<std::int64_t> amx_x_at, amx_act_at;
   /// LoRA: each pair's updates of gate, up and down (null: none), [pairs, 3], and A times the
   /// pair's input for each, lora_rank floats apiece, [pairs, 3, lora_rank].
   std::vector<LowRank const*> lora;
@@ -93,6 +99,31 @@ inline void low_rank_project(LowRank const& d, float const* v, float* u) {
     for (std::int64_t i = 0; i < n; ++i) acc += a[j * n + i] * v[i];
     u[j] = acc;
   }
+}
+
+/// Packs, for AMX tiles, what projection `which` (gate and up: 0; down: 2) of each active
+/// expert reads, where it runs on them; rows_of(e, which) is the projection's LinearRows.
+template <class RowsOf>
+void amx_pack_experts(arch::CpuIsa isa, ExpertScratch& s, int which, RowsOf const& rows_of, std::vector<std::byte>& buf,
+                      std::vector<std::int64_t>& at) {
+  at.assign(s.active.size(), -1);
+  std::int64_t size = 0;
+  for (std::size_t i = 0; i < s.active.size(); ++i) {
+    auto const& e = s.active[i];
+    WeightView const& w = which == 2 ? e.w->down : e.w->gate;  // up runs on them when its format is gate's
+    if (!amx_applies(isa, w.format, w.cols, e.n)) continue;
+    at[i] = size;
+    size += amx_packed_bytes(w.format, e.n, w.cols);
+  }
+  if (size == 0) return;
+  buf.resize(static_cast<std::size_t>(size));
+  parallel_for(0, static_cast<std::int64_t>(s.active.size()), 16 * s.active[0].w->gate.cols, [&](std::int64_t i) {
+    std::int64_t const offset = at[static_cast<std::size_t>(i)];
+    if (offset < 0) return;
+    LinearRows const p = rows_of(s.active[static_cast<std::size_t>(i)], which);
+    for (std::int64_t j = 0; j < (p.n_tokens + kAmxTokens - 1) / kAmxTokens; ++j)
+      amx_pack_tile(p, j, buf.data() + offset);
+  });
 }
 
 /// Fills s.lora for the pairs whose token has an adapter; false when no pair has an update.
@@ -184,12 +215,6 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     quantize_rows(static_cast<ActBlocks>(k), a.x, d_model, a.n_tokens, d_model, s.xq[k].data(), stride);
     xq[k] = s.xq[k].data();
   }
-  auto bind_x = [&](LinearRows& p, WeightView const& w) {
-    ActBlocks const k = act_blocks(w.format);
-    p.w = w;
-    p.xq = xq[static_cast<int>(k)];
-    p.xq_stride = act_row_bytes(k, d_model);
-  };
 
   // LoRA: A x of every pair's gate and up updates, once per call.
   bool const lora = a.token_lora && bind_expert_lora(a, s, total);
@@ -201,9 +226,53 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
           low_rank_project(*d, a.x + s.tokens[static_cast<std::size_t>(p)] * d_model, lora_u(p, k));
     });
 
+  // Expert e's projection `which` (gate: 0, up: 1, down: 2) over its tokens, as the row
+  // kernels see it (down reads the SwiGLU outputs and their 8-bit blocks, set below).
+  std::byte* act_q[kActBlockKinds] = {};
+  std::int64_t act_q_stride[kActBlockKinds] = {};
+  auto rows_of = [&](ExpertScratch::Active const& e, int which) {
+    LinearRows p{};
+    p.scratch = &s.rows;
+    p.n_tokens = e.n;
+    if (which == 2) {
+      int const k = static_cast<int>(act_blocks(e.w->down.format));
+      p.w = e.w->down;
+      p.x = s.gate.data() + e.begin * d_ff_max;
+      p.xs = d_ff_max;
+      p.xq = act_q[k] ? act_q[k] + e.begin * act_q_stride[k] : nullptr;
+      p.xq_stride = act_q_stride[k];
+      p.y = a.out;
+      p.ys = d_model;
+      p.y_index = s.tokens.data() + e.begin;
+      p.y_scale = s.weights.data() + e.begin;
+    } else {
+      p.w = which == 0 ? e.w->gate : e.w->up;
+      ActBlocks const k = act_blocks(p.w.format);
+      p.x = a.x;
+      p.xs = d_model;
+      p.x_index = s.tokens.data() + e.begin;
+      p.xq = xq[static_cast<int>(k)];
+      p.xq_stride = act_row_bytes(k, d_model);
+      p.y = (which == 0 ? s.gate.data() : s.up.data()) + e.begin * d_ff_max;
+      p.ys = d_ff_max;
+    }
+    std::int64_t const i = &e - s.active.data();
+    std::vector<std::int64_t> const& at = which == 2 ? s.amx_act_at : s.amx_x_at;
+    if (i < static_cast<std::int64_t>(at.size()) && at[static_cast<std::size_t>(i)] >= 0)
+      p.amx = {(which == 2 ? s.amx_act : s.amx_x).data() + at[static_cast<std::size_t>(i)], p.w.cols / kAmxCols,
+               which == 2 ? e.w->down.format : e.w->gate.format};
+    return p;
+  };
+
+  // AMX: the tokens packed once per expert for gate and up.
+  s.amx_act_at.clear();
+  s.amx_x_at.clear();
+  amx_pack_experts(isa, s, 0, rows_of, s.amx_x, s.amx_x_at);
+  std::int64_t const amx_rows_multiple = isa >= arch::CpuIsa::kAmx ? 2 * kAmxRows : kTileRows;
+
   // 1. gate, up, SwiGLU: items (expert, row block).
   int const threads = max_threads();
-  std::int64_t const block = row_block(d_ff_max, threads);
+  std::int64_t const block = row_block(d_ff_max, threads, amx_rows_multiple);
   std::int64_t const blocks_per_expert = (d_ff_max + block - 1) / block;
   std::int64_t const n_items = static_cast<std::int64_t>(s.active.size()) * blocks_per_expert;
   std::int64_t const item_work = 2 * block * d_model * std::max<std::int64_t>(1, total / std::max<std::int64_t>(1, static_cast<std::int64_t>(s.active.size())));
@@ -213,15 +282,7 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     o0 = item % blocks_per_expert * block;
     o1 = std::min(e.w->gate.rows, o0 + block);
     if (o0 >= o1) return nullptr;
-    LinearRows p{};
-    p.scratch = &s.rows;
-    p.x = a.x;
-    p.xs = d_model;
-    p.ys = d_ff_max;
-    p.n_tokens = e.n;
-    p.x_index = s.tokens.data() + e.begin;
-    bind_x(p, which == 0 ? e.w->gate : e.w->up);
-    p.y = (which == 0 ? s.gate.data() : s.up.data()) + e.begin * d_ff_max;
+    LinearRows const p = rows_of(e, which);
     linear_rows<F>(isa, p, o0, o1);
     if (lora)
       for (std::int64_t q = e.begin; q < e.begin + e.n; ++q)
@@ -266,8 +327,6 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   // SwiGLU outputs quantized once for the down projections that read blocks.
   bool needs_act_q[kActBlockKinds] = {};
   for (auto const& e : s.active) needs_act_q[static_cast<int>(act_blocks(e.w->down.format))] = true;
-  std::byte* act_q[kActBlockKinds] = {};
-  std::int64_t act_q_stride[kActBlockKinds] = {};
   for (int k = 1; k < kActBlockKinds; ++k) {
     if (!needs_act_q[k]) continue;
     act_q_stride[k] = act_row_bytes(static_cast<ActBlocks>(k), d_ff_max);
@@ -285,26 +344,16 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     });
   }
 
+  amx_pack_experts(isa, s, 2, rows_of, s.amx_act, s.amx_act_at);
+
   // 2. down + weighted combine: items are output row blocks, each over every active expert.
-  std::int64_t const out_block = row_block(d_model, threads);
+  std::int64_t const out_block = row_block(d_model, threads, amx_rows_multiple);
   std::int64_t const out_items = (d_model + out_block - 1) / out_block;
   parallel_for(0, out_items, out_block * d_ff_max * std::max<std::int64_t>(1, total), [&](std::int64_t item) {
     std::int64_t const o0 = item * out_block;
     std::int64_t const o1 = std::min(d_model, o0 + out_block);
     for (auto const& e : s.active) {
-      int const k = static_cast<int>(act_blocks(e.w->down.format));
-      LinearRows p{};
-      p.scratch = &s.rows;
-      p.w = e.w->down;
-      p.x = s.gate.data() + e.begin * d_ff_max;
-      p.xs = d_ff_max;
-      p.xq = act_q[k] ? act_q[k] + e.begin * act_q_stride[k] : nullptr;
-      p.xq_stride = act_q_stride[k];
-      p.y = a.out;
-      p.ys = d_model;
-      p.n_tokens = e.n;
-      p.y_index = s.tokens.data() + e.begin;
-      p.y_scale = s.weights.data() + e.begin;
+      LinearRows const p = rows_of(e, 2);
       linear_rows<F>(isa, p, o0, o1);
       if (lora)
         for (std::int64_t q = e.begin; q < e.begin + e.n; ++q)

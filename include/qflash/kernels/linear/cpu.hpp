@@ -5,11 +5,14 @@
 /// - f32, bf16, f16: read in place; micro-tiles of 4 rows x 3 tokens (AVX2) or 4 x 4
 ///   (AVX-512), every weight load shared by the tile's tokens and every activation load by its
 ///   rows. Weights are widened exactly (bf16 by a shift: no AVX512_BF16 `vdpbf16ps`, which would
-///   round the activations to bf16 and make a token's logits depend on the path).
+///   round the activations to bf16).
 /// - q8_0, q4_k, q6_k, int4: activations quantized once per call to 8-bit blocks (q8_0 /
 ///   q8_k as llama.cpp does; q8_0 pairs for int4), then integer dot products per block
 ///   (cpu_quant.hpp: AVX2; cpu_quant_avx512.hpp: AVX-512 VNNI): a few rows per pass for one
 ///   token, 4 tokens per pass through a row for several.
+/// - bf16 and q8_0 with AMX (kAmx) and at least kAmxMinTokens tokens: AMX-BF16 tiles over the
+///   activations split into exact bf16 terms, AMX-INT8 tiles over their q8_0 blocks
+///   (cpu_amx.hpp); rows past the last 16 as above.
 /// - fp8_e4m3: rows decoded to fp32 in registers (exactly as dequantize_row), 4 at a time,
 ///   once per call, then the float tiles for every token.
 /// Integer dot products take AVX-512 from kAvx512Vnni up (AVX2 below it), float tiles from
@@ -26,6 +29,7 @@
 #include "qflash/arch/cpu_features.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/kernels/common/cpu_simd.hpp"
+#include "qflash/kernels/linear/cpu_amx.hpp"
 #include "qflash/kernels/linear/cpu_quant.hpp"
 #include "qflash/kernels/linear/cpu_quant_avx512.hpp"
 #include "qflash/kernels/linear/op.hpp"
@@ -64,6 +68,7 @@ struct LinearRows {
   std::int32_t const* y_index = nullptr;
   float const* y_scale = nullptr;
   SlotScratch<float>* scratch = nullptr;  ///< for rows decoded or widened to fp32 (prepared)
+  AmxActivations amx{};  ///< the tokens packed for AMX tiles (data null: not packed)
 
   [[nodiscard]] std::int64_t x_of(std::int64_t t) const { return x_index ? x_index[t] : t; }
   [[nodiscard]] float const* x_row(std::int64_t t) const { return x + x_of(t) * xs; }
@@ -76,6 +81,48 @@ inline void store_dot(LinearRows const& p, std::int64_t t, std::int64_t o, float
     out += p.y_scale[t] * v;
   else
     out = p.accumulate ? out + v : v;
+}
+
+#if QFLASH_HAS_X86_SIMD
+QFLASH_SIMD_BEGIN
+/// store_dot for rows [o, o + 16) of token t.
+QFLASH_TARGET_AVX512 inline void store_dots16(LinearRows const& p, std::int64_t t, std::int64_t o, float const* v) {
+  float* out = p.y + (p.y_index ? p.y_index[t] : t) * p.ys + o;
+  __m512 const d = _mm512_loadu_ps(v);
+  if (p.y_scale)
+    _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_set1_ps(p.y_scale[t]), d, _mm512_loadu_ps(out)));
+  else
+    _mm512_storeu_ps(out, p.accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), d) : d);
+}
+QFLASH_SIMD_END
+
+/// Rows [o0, o1) of a bf16 or q8_0 projection whose tokens p.amx holds, on AMX tiles as far
+/// as whole 16-row tiles go; returns the first row left.
+inline std::int64_t amx_linear_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+  std::int64_t const rows = (o1 - o0) / kAmxRows * kAmxRows;
+  if (rows == 0) return o0;
+  auto store = [&](std::int64_t t, std::int64_t r, float const* v) { store_dots16(p, t, o0 + r, v); };
+  if (p.w.format == WeightFormat::kQ8_0)
+    amx_rows<AmxQ8Tiles>(p.w.row(o0), p.w.row_bytes(), rows, p.amx, p.n_tokens, store);
+  else
+    amx_rows<AmxBf16Tiles>(p.w.row(o0), p.w.row_bytes(), rows, p.amx, p.n_tokens, store);
+  return o0 + rows;
+}
+#endif  // QFLASH_HAS_X86_SIMD
+
+/// Packs token tile j of what p's rows read for AMX tiles into `out` (AmxActivations' layout
+/// for p.w's format): fp32 rows for bf16, their q8_0 blocks (p.xq) for q8_0.
+inline void amx_pack_tile(LinearRows const& p, std::int64_t j, std::byte* out) {
+#if QFLASH_HAS_X86_SIMD
+  if (p.w.format == WeightFormat::kQ8_0)
+    amx_pack_q8_tile([&p](std::int64_t t) { return reinterpret_cast<BlockQ8_0 const*>(p.xq_row(t)); }, p.n_tokens,
+                     p.w.cols / kAmxCols, j, out);
+  else
+    amx_pack_bf16_tile([&p](std::int64_t t) { return p.x_row(t); }, p.n_tokens, p.w.cols, j,
+                       reinterpret_cast<bf16_bits*>(out));
+#else
+  (void)p, (void)j, (void)out;
+#endif
 }
 
 /// Tokens per block so that a block's activation rows of `row_bytes` fit kTokenBlockBytes, a
@@ -512,6 +559,11 @@ bool float_rows_any(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
 template <WeightFormat F>
 void linear_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   WeightFormat const f = p.w.format;
+#if QFLASH_HAS_X86_SIMD
+  if constexpr (compiles<F>(WeightFormat::kBf16) || compiles<F>(WeightFormat::kQ8_0))
+    if (p.amx.data && p.amx.format == f && isa >= arch::CpuIsa::kAmx)
+      if ((o0 = amx_linear_rows(p, o0, o1)) == o1) return;
+#endif
   if constexpr (compiles<F>(WeightFormat::kQ8_0))
     if (f == WeightFormat::kQ8_0) return quant_rows<BlockQ8_0, BlockQ8_0>(isa, p, o0, o1);
   if constexpr (compiles<F>(WeightFormat::kQ4K))
@@ -536,10 +588,18 @@ inline void quantize_rows(ActBlocks k, float const* x, std::int64_t xs, std::int
 }
 
 /// Output rows per work item: small enough to balance `threads`, large enough to amortise
-/// scheduling; a multiple of the micro-tile's rows.
-inline std::int64_t row_block(std::int64_t rows, int threads) {
-  std::int64_t const block = std::clamp<std::int64_t>(rows / (8 * threads), kTileRows, 64);
-  return (block + kTileRows - 1) / kTileRows * kTileRows;
+/// scheduling; a multiple of `multiple` (the micro-tile's rows; AMX: a pass's 32).
+inline std::int64_t row_block(std::int64_t rows, int threads, std::int64_t multiple = kTileRows) {
+  std::int64_t const block = std::clamp<std::int64_t>(rows / (8 * threads), multiple, std::max<std::int64_t>(64, multiple));
+  return (block + multiple - 1) / multiple * multiple;
+}
+
+/// Packs p's tokens for AMX tiles into `buf` and points p.amx at them.
+inline void amx_pack(LinearRows& p, std::vector<std::byte>& buf) {
+  buf.resize(static_cast<std::size_t>(amx_packed_bytes(p.w.format, p.n_tokens, p.w.cols)));
+  parallel_for(0, (p.n_tokens + kAmxTokens - 1) / kAmxTokens, kAmxTokens * p.w.cols * 8,
+               [&](std::int64_t j) { amx_pack_tile(p, j, buf.data()); });
+  p.amx = {buf.data(), p.w.cols / kAmxCols, p.w.format};
 }
 
 /// The whole projection with an explicit ISA level (tests run every level this CPU has);
@@ -561,7 +621,12 @@ Status linear(arch::CpuIsa isa, LinearArgs const& a) {
     p.xq = quantized.data();
     quantize_rows(act_blocks(a.w.format), p.x, p.xs, a.n_tokens, a.w.cols, quantized.data(), p.xq_stride);
   }
-  std::int64_t const block = row_block(a.w.rows, max_threads());
+  bool const amx = amx_applies(isa, a.w.format, a.w.cols, a.n_tokens);
+  if (amx) {
+    thread_local std::vector<std::byte> packed;
+    amx_pack(p, packed);
+  }
+  std::int64_t const block = row_block(a.w.rows, max_threads(), amx ? 2 * kAmxRows : kTileRows);
   std::int64_t const n_blocks = (a.w.rows + block - 1) / block;
   parallel_for(0, n_blocks, block * a.w.cols * std::max<std::int64_t>(1, a.n_tokens), [&](std::int64_t b) {
     linear_rows<F>(isa, p, b * block, std::min(a.w.rows, (b + 1) * block));

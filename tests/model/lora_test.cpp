@@ -219,3 +219,46 @@ TEST_CASE("LoRA: hostile adapters give errors naming the file and what is wrong"
     fails(t.dir(), {"no adapter_config.json"});
   }
 }
+
+TEST_CASE("LoRA: adapters built in code are checked against the model's matrices") {
+  auto const base = load(reference("austen").base);
+  auto const& layers = base.weights.layers;
+  std::size_t const deltanet = static_cast<std::size_t>(
+      std::find_if(layers.begin(), layers.end(), [](auto const& l) { return l.kind != model::LayerKind::kFullAttention; }) -
+      layers.begin());
+  REQUIRE(deltanet < layers.size());
+  std::int64_t const d_model = base.weights.embed.cols;
+  std::vector<float> a(2 * 8192, 0.01f), b(8192 * 2, 0.01f);  // check_adapter reads shapes only
+  auto update = [&](std::int64_t in, std::int64_t out) {
+    REQUIRE((in <= 8192 && out <= 8192));
+    return kernels::LowRank{WeightView{WeightFormat::kF32, a.data(), 2, in}, WeightView{WeightFormat::kF32, b.data(), out, 2}};
+  };
+  model::LoraAdapter ad;
+  ad.name = "coded";
+  ad.layers.resize(layers.size());
+  std::string const L = "layer " + std::to_string(deltanet) + " ";
+
+  // Every projection of the table, in a layer that has it: accepted.
+  model::LoraLayer& u = ad.layers[deltanet];
+  for (auto const& p : model::kLoraProjections)
+    if (WeightView const* m = p.base(layers[deltanet])) u.*p.update = update(m->cols, m->rows);
+  CHECK_NOTHROW(model::check_adapter(ad, base.weights));
+  CHECK(!u.qkv.empty());
+
+  // An attention projection in a Gated DeltaNet layer.
+  u.q = update(d_model, 8);
+  test::expect_error([&] { model::check_adapter(ad, base.weights); },
+                     {"'coded'", L, "Gated DeltaNet layer", "self_attn.q_proj"});
+  u.q = {};
+  // An update whose output size is not its matrix's.
+  u.z = update(d_model, layers[deltanet].linear.z.rows + 1);
+  test::expect_error([&] { model::check_adapter(ad, base.weights); }, {L + "linear_attn.in_proj_z", "does not fit"});
+  u.z = {};
+  // Expert updates for fewer experts than the model has.
+  u.down.assign(1, update(layers[deltanet].moe.experts[0].down.cols, d_model));
+  test::expect_error([&] { model::check_adapter(ad, base.weights); }, {"down_proj updates for 1 experts"});
+  u.down.clear();
+  // Depth.
+  ad.layers.pop_back();
+  test::expect_error([&] { model::check_adapter(ad, base.weights); }, {"has " + std::to_string(layers.size() - 1) + " layers"});
+}

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -39,6 +40,77 @@ struct LoraLayer {
            !shared_down.empty();
   }
 };
+
+/// A projection an adapter may update besides the routed experts: its PEFT module path inside
+/// a layer, where its update lives, and the base matrix (null where the layer has none).
+struct LoraProjection {
+  std::string_view module;
+  LowRank LoraLayer::*update;
+  WeightView* (*base_of)(LayerWeights&);
+
+  [[nodiscard]] WeightView* base(LayerWeights& w) const { return base_of(w); }
+  [[nodiscard]] WeightView const* base(LayerWeights const& w) const {
+    return base_of(const_cast<LayerWeights&>(w));  // read only
+  }
+};
+
+namespace detail {
+inline WeightView* in_attention(LayerWeights& w, WeightView AttentionWeights::*m) {
+  return w.kind == LayerKind::kFullAttention ? &(w.attention.*m) : nullptr;
+}
+inline WeightView* in_deltanet(LayerWeights& w, WeightView LinearAttentionWeights::*m) {
+  return w.kind == LayerKind::kFullAttention ? nullptr : &(w.linear.*m);
+}
+inline WeightView* in_shared_expert(LayerWeights& w, WeightView kernels::ExpertWeights::*m) {
+  return w.moe.shared ? &(*w.moe.shared.*m) : nullptr;
+}
+}  // namespace detail
+
+inline constexpr LoraProjection kLoraProjections[] = {
+    {"self_attn.q_proj", &LoraLayer::q, [](LayerWeights& w) { return detail::in_attention(w, &AttentionWeights::q); }},
+    {"self_attn.k_proj", &LoraLayer::k, [](LayerWeights& w) { return detail::in_attention(w, &AttentionWeights::k); }},
+    {"self_attn.v_proj", &LoraLayer::v, [](LayerWeights& w) { return detail::in_attention(w, &AttentionWeights::v); }},
+    {"self_attn.o_proj", &LoraLayer::o, [](LayerWeights& w) { return detail::in_attention(w, &AttentionWeights::o); }},
+    {"linear_attn.in_proj_qkv", &LoraLayer::qkv,
+     [](LayerWeights& w) { return detail::in_deltanet(w, &LinearAttentionWeights::qkv); }},
+    {"linear_attn.in_proj_z", &LoraLayer::z, [](LayerWeights& w) { return detail::in_deltanet(w, &LinearAttentionWeights::z); }},
+    {"linear_attn.in_proj_b", &LoraLayer::b, [](LayerWeights& w) { return detail::in_deltanet(w, &LinearAttentionWeights::b); }},
+    {"linear_attn.in_proj_a", &LoraLayer::a, [](LayerWeights& w) { return detail::in_deltanet(w, &LinearAttentionWeights::a); }},
+    {"linear_attn.out_proj", &LoraLayer::out,
+     [](LayerWeights& w) { return detail::in_deltanet(w, &LinearAttentionWeights::out); }},
+    {"mlp.shared_expert.gate_proj", &LoraLayer::shared_gate,
+     [](LayerWeights& w) { return detail::in_shared_expert(w, &kernels::ExpertWeights::gate); }},
+    {"mlp.shared_expert.up_proj", &LoraLayer::shared_up,
+     [](LayerWeights& w) { return detail::in_shared_expert(w, &kernels::ExpertWeights::up); }},
+    {"mlp.shared_expert.down_proj", &LoraLayer::shared_down,
+     [](LayerWeights& w) { return detail::in_shared_expert(w, &kernels::ExpertWeights::down); }},
+};
+
+/// The routed experts' update lists ([n_expert] or empty) and the matrix of each expert they update.
+struct LoraExpertProjection {
+  std::string_view name;
+  std::vector<LowRank> LoraLayer::*updates;
+  WeightView kernels::ExpertWeights::*base;
+};
+
+inline constexpr LoraExpertProjection kLoraExpertProjections[] = {
+    {"gate_proj", &LoraLayer::gate, &kernels::ExpertWeights::gate},
+    {"up_proj", &LoraLayer::up, &kernels::ExpertWeights::up},
+    {"down_proj", &LoraLayer::down, &kernels::ExpertWeights::down},
+};
+
+/// The projection a PEFT module path names, or null.
+inline LoraProjection const* lora_projection(std::string_view module) {
+  for (auto const& p : kLoraProjections)
+    if (p.module == module) return &p;
+  return nullptr;
+}
+
+/// "a full-attention layer", "a Gated DeltaNet layer without a shared expert", ...: for errors.
+inline std::string describe_layer(LayerWeights const& w) {
+  return std::string(w.kind == LayerKind::kFullAttention ? "a full-attention layer" : "a Gated DeltaNet layer") +
+         (w.moe.shared ? "" : " without a shared expert");
+}
 
 struct LoraAdapter {
   std::string name;               ///< what requests and logs call it
@@ -71,41 +143,21 @@ inline void check_adapter(LoraAdapter const& ad, ModelWeights const& w) {
     LoraLayer const& u = ad.layers[l];
     LayerWeights const& lw = w.layers[l];
     std::string const L = "layer " + std::to_string(l) + " ";
-    if (lw.kind == LayerKind::kFullAttention) {
-      fits(u.q, lw.attention.q, L + "q_proj");
-      fits(u.k, lw.attention.k, L + "k_proj");
-      fits(u.v, lw.attention.v, L + "v_proj");
-      fits(u.o, lw.attention.o, L + "o_proj");
-      QFLASH_CHECK(u.qkv.empty() && u.z.empty() && u.b.empty() && u.a.empty() && u.out.empty(), "LoRA adapter '",
-                   ad.name, "': ", L, "is full attention but the adapter updates Gated DeltaNet projections there");
-    } else {
-      fits(u.qkv, lw.linear.qkv, L + "in_proj_qkv");
-      fits(u.z, lw.linear.z, L + "in_proj_z");
-      fits(u.b, lw.linear.b, L + "in_proj_b");
-      fits(u.a, lw.linear.a, L + "in_proj_a");
-      fits(u.out, lw.linear.out, L + "out_proj");
-      QFLASH_CHECK(u.q.empty() && u.k.empty() && u.v.empty() && u.o.empty(), "LoRA adapter '", ad.name, "': ", L,
-                   "is Gated DeltaNet but the adapter updates attention projections there");
+    for (auto const& p : kLoraProjections) {
+      LowRank const& d = u.*p.update;
+      if (d.empty()) continue;
+      WeightView const* m = p.base(lw);
+      QFLASH_CHECK(m, "LoRA adapter '", ad.name, "': ", L, "is ", describe_layer(lw), ", which has no ", p.module,
+                   ", but the adapter updates one there");
+      fits(d, *m, L + std::string(p.module));
     }
-    auto experts = [&](std::vector<LowRank> const& d, bool down, char const* what) {
-      if (d.empty()) return;
-      QFLASH_CHECK(d.size() == lw.moe.experts.size(), "LoRA adapter '", ad.name, "': ", L, what, " updates for ",
+    for (auto const& p : kLoraExpertProjections) {
+      std::vector<LowRank> const& d = u.*p.updates;
+      if (d.empty()) continue;
+      QFLASH_CHECK(d.size() == lw.moe.experts.size(), "LoRA adapter '", ad.name, "': ", L, p.name, " updates for ",
                    d.size(), " experts, the model has ", lw.moe.experts.size());
-      for (std::size_t e = 0; e < d.size(); ++e) {
-        auto const& x = lw.moe.experts[e];
-        fits(d[e], down ? x.down : x.gate, L + "expert " + std::to_string(e) + " " + what);
-      }
-    };
-    experts(u.gate, false, "gate_proj");
-    experts(u.up, false, "up_proj");
-    experts(u.down, true, "down_proj");
-    bool const shared = !u.shared_gate.empty() || !u.shared_up.empty() || !u.shared_down.empty();
-    QFLASH_CHECK(!shared || lw.moe.shared, "LoRA adapter '", ad.name, "': ", L,
-                 "has no shared expert but the adapter updates one");
-    if (shared) {
-      fits(u.shared_gate, lw.moe.shared->gate, L + "shared_expert.gate_proj");
-      fits(u.shared_up, lw.moe.shared->up, L + "shared_expert.up_proj");
-      fits(u.shared_down, lw.moe.shared->down, L + "shared_expert.down_proj");
+      for (std::size_t e = 0; e < d.size(); ++e)
+        fits(d[e], lw.moe.experts[e].*p.base, L + "expert " + std::to_string(e) + " " + std::string(p.name));
     }
   }
   for (auto const& [table, base, what] : {std::tuple{&ad.embed, &w.embed, "embed_tokens"},

@@ -49,44 +49,6 @@ struct LoraStorage {
 
 namespace detail {
 
-/// A projection an adapter may update, by its PEFT module path inside a layer: where the update
-/// goes, and the base matrix it applies to (null when the layer has none there).
-struct LoraTarget {
-  std::string_view module;
-  kernels::LowRank model::LoraLayer::*update;
-  WeightView const* (*base)(model::LayerWeights const&);
-};
-
-using Layer = model::LayerWeights;
-inline bool is_attention(Layer const& w) { return w.kind == model::LayerKind::kFullAttention; }
-
-inline constexpr LoraTarget kLoraTargets[] = {
-    {"self_attn.q_proj", &model::LoraLayer::q, [](Layer const& w) -> WeightView const* { return is_attention(w) ? &w.attention.q : nullptr; }},
-    {"self_attn.k_proj", &model::LoraLayer::k, [](Layer const& w) -> WeightView const* { return is_attention(w) ? &w.attention.k : nullptr; }},
-    {"self_attn.v_proj", &model::LoraLayer::v, [](Layer const& w) -> WeightView const* { return is_attention(w) ? &w.attention.v : nullptr; }},
-    {"self_attn.o_proj", &model::LoraLayer::o, [](Layer const& w) -> WeightView const* { return is_attention(w) ? &w.attention.o : nullptr; }},
-    {"linear_attn.in_proj_qkv", &model::LoraLayer::qkv,
-     [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.qkv; }},
-    {"linear_attn.in_proj_z", &model::LoraLayer::z, [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.z; }},
-    {"linear_attn.in_proj_b", &model::LoraLayer::b, [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.b; }},
-    {"linear_attn.in_proj_a", &model::LoraLayer::a, [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.a; }},
-    {"linear_attn.out_proj", &model::LoraLayer::out,
-     [](Layer const& w) -> WeightView const* { return is_attention(w) ? nullptr : &w.linear.out; }},
-    {"mlp.shared_expert.gate_proj", &model::LoraLayer::shared_gate,
-     [](Layer const& w) -> WeightView const* { return w.moe.shared ? &w.moe.shared->gate : nullptr; }},
-    {"mlp.shared_expert.up_proj", &model::LoraLayer::shared_up,
-     [](Layer const& w) -> WeightView const* { return w.moe.shared ? &w.moe.shared->up : nullptr; }},
-    {"mlp.shared_expert.down_proj", &model::LoraLayer::shared_down,
-     [](Layer const& w) -> WeightView const* { return w.moe.shared ? &w.moe.shared->down : nullptr; }},
-};
-
-/// The target a PEFT module path names, or null.
-inline LoraTarget const* lora_target(std::string_view module) {
-  for (auto const& t : kLoraTargets)
-    if (t.module == module) return &t;
-  return nullptr;
-}
-
 /// Whether a module path, target or parameter name is the router or the shared-expert gate.
 inline bool is_router(std::string_view module) {
   return module == "gate" || module.ends_with(".gate") || module.find("mlp.gate.") != std::string_view::npos ||
@@ -264,13 +226,12 @@ inline std::shared_ptr<model::LoraAdapter const> load_lora(std::string const& di
                    " needs lora_A [", want_a_rows, ", ", in, "] and lora_B [", out, ", ", want_a_rows, "]");
     };
 
-    if (detail::LoraTarget const* target = detail::lora_target(rest)) {
+    if (model::LoraProjection const* target = model::lora_projection(rest)) {
       kernels::LowRank* slot = &(ll.*target->update);
       WeightView const* base = target->base(lw);
       QFLASH_CHECK(base, st_path, ": tensor '", p.a->name, "' updates ", rest, " in layer ", layer,
-                   ", which the model does not have there (a ",
-                   lw.kind == model::LayerKind::kFullAttention ? "full-attention" : "Gated DeltaNet", " layer",
-                   lw.moe.shared ? "" : " without a shared expert", "): is the adapter for another model?");
+                   ", which the model does not have there (", model::describe_layer(lw),
+                   "): is the adapter for another model?");
       shape_check(r, base->cols, base->rows, rest);
       *slot = make(a, r, base->cols, b, base->rows, r, 0, 1, 0);
       continue;
@@ -389,15 +350,14 @@ inline std::shared_ptr<model::LoraAdapter const> combine_lora(
   out->layers.resize(parts[0]->layers.size());
   for (std::size_t l = 0; l < out->layers.size(); ++l) {
     model::LoraLayer& o = out->layers[l];
-    for (auto member : {&model::LoraLayer::q, &model::LoraLayer::k, &model::LoraLayer::v, &model::LoraLayer::o,
-                        &model::LoraLayer::qkv, &model::LoraLayer::z, &model::LoraLayer::b, &model::LoraLayer::a,
-                        &model::LoraLayer::out, &model::LoraLayer::shared_gate, &model::LoraLayer::shared_up,
-                        &model::LoraLayer::shared_down}) {
+    for (auto const& proj : model::kLoraProjections) {
+      auto const member = proj.update;
       std::vector<kernels::LowRank const*> ds;
       for (auto const& p : parts) ds.push_back(&(p->layers[l].*member));
       o.*member = stack(ds);
     }
-    for (auto member : {&model::LoraLayer::gate, &model::LoraLayer::up, &model::LoraLayer::down}) {
+    for (auto const& proj : model::kLoraExpertProjections) {
+      auto const member = proj.updates;
       std::size_t n = 0;
       for (auto const& p : parts) n = std::max(n, (p->layers[l].*member).size());
       if (n == 0) continue;
@@ -447,25 +407,11 @@ inline void merge_lora(LoadedModel& m, model::LoraAdapter const& ad) {
   for (std::size_t l = 0; l < m.weights.layers.size(); ++l) {
     model::LayerWeights& lw = m.weights.layers[l];
     model::LoraLayer const& u = ad.layers[l];
-    merge(lw.attention.q, u.q);
-    merge(lw.attention.k, u.k);
-    merge(lw.attention.v, u.v);
-    merge(lw.attention.o, u.o);
-    merge(lw.linear.qkv, u.qkv);
-    merge(lw.linear.z, u.z);
-    merge(lw.linear.b, u.b);
-    merge(lw.linear.a, u.a);
-    merge(lw.linear.out, u.out);
-    for (std::size_t e = 0; e < lw.moe.experts.size(); ++e) {
-      if (!u.gate.empty()) merge(lw.moe.experts[e].gate, u.gate[e]);
-      if (!u.up.empty()) merge(lw.moe.experts[e].up, u.up[e]);
-      if (!u.down.empty()) merge(lw.moe.experts[e].down, u.down[e]);
-    }
-    if (lw.moe.shared) {
-      merge(lw.moe.shared->gate, u.shared_gate);
-      merge(lw.moe.shared->up, u.shared_up);
-      merge(lw.moe.shared->down, u.shared_down);
-    }
+    for (auto const& p : model::kLoraProjections)
+      if (WeightView* w = p.base(lw)) merge(*w, u.*p.update);
+    for (auto const& p : model::kLoraExpertProjections)
+      if (!(u.*p.updates).empty())
+        for (std::size_t e = 0; e < lw.moe.experts.size(); ++e) merge(lw.moe.experts[e].*p.base, (u.*p.updates)[e]);
   }
   for (auto [table, base] : {std::pair{&ad.embed, &m.weights.embed}, std::pair{&ad.lm_head, &m.weights.lm_head}})
     if (*table) {

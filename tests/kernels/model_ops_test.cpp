@@ -25,6 +25,7 @@
 #include "qflash/numeric/bf16.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "qflash/spec/presets.hpp"
+#include "support/expert_case.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -435,33 +436,15 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every we
       int const d_ff = k_blocks ? 256 : chunks ? 96 : f == WeightFormat::kQ8_0 ? 32 : 13;
       CAPTURE(n_tok);
       CAPTURE(to_string(f));
-      std::vector<OwnedMatrix> store;
-      std::vector<ExpertWeights> experts;
-      auto make = [&](std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-        auto w = test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
-        return store.emplace_back(encode_matrix(f, w.data(), rows, cols)).view;
-      };
-      store.reserve(3 * n_expert);
-      for (int e = 0; e < n_expert; ++e)
-        experts.push_back({make(d_ff, d_model, 100 + 3 * e), make(d_ff, d_model, 101 + 3 * e), make(d_model, d_ff, 102 + 3 * e)});
-      auto x = test::random_floats(static_cast<std::size_t>(n_tok * d_model), 3);
-      std::vector<std::int32_t> routes;
-      std::vector<float> rw;
+      test::ExpertCase c;
+      c.add_experts(n_expert, f, f, d_model, d_ff, 100);
+      c.set_tokens(n_tok, d_model, k, 3);
       for (int t = 0; t < n_tok; ++t) {
-        routes.push_back((t * 3) % n_expert);
-        routes.push_back((t * 3 + 1 + t % 2) % n_expert);
-        rw.push_back(0.7f);
-        rw.push_back(0.3f);
+        c.routes.insert(c.routes.end(), {(t * 3) % n_expert, (t * 3 + 1 + t % 2) % n_expert});
+        c.route_weights.insert(c.route_weights.end(), {0.7f, 0.3f});
       }
       std::vector<float> out(static_cast<std::size_t>(n_tok * d_model), 1.0f), ref_out(out);
-      ExpertFfnArgs a{};
-      a.experts = experts;
-      a.x = x.data();
-      a.routes = routes.data();
-      a.route_weights = rw.data();
-      a.n_tokens = n_tok;
-      a.n_expert_used = k;
-      a.out = ref_out.data();
+      ExpertFfnArgs a = c.args(ref_out.data());
       ref::expert_ffn(a);
       for (bool fused : {true, false}) {  // fusion::SwiGluInExperts, fusion::SwiGluSeparate
         CAPTURE(fused);
@@ -472,7 +455,7 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every we
         auto r = all_close<float, float>(out, ref_out, Tolerance{5e-5, 1e-5});
         CHECK_MESSAGE(r.ok, r.report);
       }
-      routes[0] = n_expert;
+      c.routes[0] = n_expert;
       CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
     }
 }
@@ -482,39 +465,19 @@ TEST_CASE("expert_ffn: a shared expert of another width and mixed formats, in on
   int const n_expert = 6, k = 3, d_model = 256, d_ff = 256, d_ff_shared = 512;
   for (int n_tok : {1, 2, 37}) {
     CAPTURE(n_tok);
-    std::vector<OwnedMatrix> store;
-    store.reserve(3 * n_expert + 3);
-    auto make = [&](WeightFormat f, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-      auto w = test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
-      return store.emplace_back(encode_matrix(f, w.data(), rows, cols)).view;
-    };
-    std::vector<ExpertWeights> experts;
-    for (int e = 0; e < n_expert; ++e)
-      experts.push_back({make(WeightFormat::kQ4K, d_ff, d_model, 10 + 3 * e), make(WeightFormat::kQ4K, d_ff, d_model, 11 + 3 * e),
-                         make(WeightFormat::kQ6K, d_model, d_ff, 12 + 3 * e)});
-    ExpertWeights const shared{make(WeightFormat::kBf16, d_ff_shared, d_model, 90), make(WeightFormat::kBf16, d_ff_shared, d_model, 91),
-                               make(WeightFormat::kBf16, d_model, d_ff_shared, 92)};
-    auto x = test::random_floats(static_cast<std::size_t>(n_tok * d_model), 7);
-    std::vector<std::int32_t> routes;
-    std::vector<float> rw, sw;
+    test::ExpertCase c;
+    c.add_experts(n_expert, WeightFormat::kQ4K, WeightFormat::kQ6K, d_model, d_ff, 10);
+    c.shared = c.expert(WeightFormat::kBf16, WeightFormat::kBf16, d_model, d_ff_shared, 90);
+    c.set_tokens(n_tok, d_model, k, 7);
     for (int t = 0; t < n_tok; ++t) {
       for (int j = 0; j < k; ++j) {
-        routes.push_back((t * 5 + j * 2) % n_expert);
-        rw.push_back(0.2f + 0.1f * static_cast<float>(j));
+        c.routes.push_back((t * 5 + j * 2) % n_expert);
+        c.route_weights.push_back(0.2f + 0.1f * static_cast<float>(j));
       }
-      sw.push_back(0.5f + 0.01f * static_cast<float>(t));
+      c.shared_weights.push_back(0.5f + 0.01f * static_cast<float>(t));
     }
     std::vector<float> out(static_cast<std::size_t>(n_tok * d_model), 0.25f), ref_out(out);
-    ExpertFfnArgs a{};
-    a.experts = experts;
-    a.x = x.data();
-    a.routes = routes.data();
-    a.route_weights = rw.data();
-    a.n_tokens = n_tok;
-    a.n_expert_used = k;
-    a.shared = &shared;
-    a.shared_weights = sw.data();
-    a.out = ref_out.data();
+    ExpertFfnArgs a = c.args(ref_out.data());
     ref::expert_ffn(a);
     for (auto isa : isas_here()) {
       CAPTURE(to_string(isa));
@@ -533,21 +496,12 @@ TEST_CASE("expert_ffn: a shared expert of another width and mixed formats, in on
 
 TEST_CASE("expert_ffn: LoRA updates per token (two adapters and none), routed and shared, equal the reference") {
   int const n_expert = 5, k = 2, d_model = 64, d_ff = 32, d_ff_shared = 48;
-  std::vector<OwnedMatrix> store;
-  store.reserve(128);
-  auto make = [&](WeightFormat f, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-    auto w = test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
-    return store.emplace_back(encode_matrix(f, w.data(), rows, cols)).view;
-  };
+  test::ExpertCase weights;
   auto low_rank = [&](int r, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-    return LowRank{make(WeightFormat::kF32, r, cols, seed), make(WeightFormat::kF32, rows, r, seed + 1)};
+    return LowRank{weights.matrix(WeightFormat::kF32, r, cols, seed), weights.matrix(WeightFormat::kF32, rows, r, seed + 1)};
   };
-  std::vector<ExpertWeights> experts;
-  for (int e = 0; e < n_expert; ++e)
-    experts.push_back({make(WeightFormat::kQ8_0, d_ff, d_model, 10 + 3 * e), make(WeightFormat::kQ8_0, d_ff, d_model, 11 + 3 * e),
-                       make(WeightFormat::kQ8_0, d_model, d_ff, 12 + 3 * e)});
-  ExpertWeights const shared{make(WeightFormat::kBf16, d_ff_shared, d_model, 90), make(WeightFormat::kBf16, d_ff_shared, d_model, 91),
-                             make(WeightFormat::kBf16, d_model, d_ff_shared, 92)};
+  weights.add_experts(n_expert, WeightFormat::kQ8_0, WeightFormat::kQ8_0, d_model, d_ff, 10);
+  weights.shared = weights.expert(WeightFormat::kBf16, WeightFormat::kBf16, d_model, d_ff_shared, 90);
   // Adapter 1 (rank 4) updates every routed projection and the shared down; adapter 2 (rank 2)
   // only the routed up projections, so some pairs have updates and others not.
   std::vector<LowRank> g1, u1, d1, u2;
@@ -561,29 +515,20 @@ TEST_CASE("expert_ffn: LoRA updates per token (two adapters and none), routed an
   ExpertLora l2{{}, u2, {}, {}, {}, {}};
   for (int n_tok : {1, 7}) {
     CAPTURE(n_tok);
-    auto x = test::random_floats(static_cast<std::size_t>(n_tok * d_model), 7);
-    std::vector<std::int32_t> routes;
-    std::vector<float> rw, sw;
+    test::ExpertCase& c = weights;
+    c.set_tokens(n_tok, d_model, k, 7);
+    c.routes.clear(), c.route_weights.clear(), c.shared_weights.clear();
     std::vector<ExpertLora const*> token_lora;
     for (int t = 0; t < n_tok; ++t) {
       for (int j = 0; j < k; ++j) {
-        routes.push_back((t * 3 + j * 2) % n_expert);
-        rw.push_back(0.3f + 0.2f * static_cast<float>(j));
+        c.routes.push_back((t * 3 + j * 2) % n_expert);
+        c.route_weights.push_back(0.3f + 0.2f * static_cast<float>(j));
       }
-      sw.push_back(0.5f);
+      c.shared_weights.push_back(0.5f);
       token_lora.push_back(t % 3 == 0 ? &l1 : t % 3 == 1 ? &l2 : nullptr);
     }
     std::vector<float> out(static_cast<std::size_t>(n_tok * d_model), 0.25f), ref_out(out), base_out(out);
-    ExpertFfnArgs a{};
-    a.experts = experts;
-    a.x = x.data();
-    a.routes = routes.data();
-    a.route_weights = rw.data();
-    a.n_tokens = n_tok;
-    a.n_expert_used = k;
-    a.shared = &shared;
-    a.shared_weights = sw.data();
-    a.out = base_out.data();
+    ExpertFfnArgs a = c.args(base_out.data());
     ref::expert_ffn(a);  // without the adapters: must differ where a token has one
     a.token_lora = token_lora.data();
     a.out = ref_out.data();

@@ -35,6 +35,7 @@
 #include "qflash/kernels/router_topk/ref.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "qflash/spec/presets.hpp"
+#include "support/expert_case.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -106,32 +107,16 @@ template <MoeSpec S, class Arch>
 Outcome expert_ffn_case() {
   int const d = kTiny.d_model, ff = kTiny.d_ff_expert, E = kTiny.n_expert, K = kTiny.n_expert_used;
   std::int64_t const T = 6;
-  std::vector<OwnedMatrix> store;
-  std::vector<ExpertWeights> experts;
-  for (int e = 0; e < E; ++e) {
-    auto g = rnd(ff * d, 10 + e), u = rnd(ff * d, 30 + e), dn = rnd(d * ff, 50 + e);
-    store.push_back(encode_matrix(WeightFormat::kBf16, g.data(), ff, d));
-    store.push_back(encode_matrix(WeightFormat::kBf16, u.data(), ff, d));
-    store.push_back(encode_matrix(WeightFormat::kBf16, dn.data(), d, ff));
-    experts.push_back({store[store.size() - 3].view, store[store.size() - 2].view, store.back().view});
-  }
-  auto x = rnd(T * d, 6);
-  std::vector<std::int32_t> routes;
-  std::vector<float> rw;
+  test::ExpertCase c;
+  c.add_experts(E, WeightFormat::kBf16, WeightFormat::kBf16, d, ff, 10);
+  c.set_tokens(T, d, K, 6);
   for (std::int64_t t = 0; t < T; ++t)
     for (int j = 0; j < K; ++j) {
-      routes.push_back(static_cast<std::int32_t>((t * 3 + j * 5) % E));
-      rw.push_back(j == 0 ? 0.6f : 0.4f / (K - 1));
+      c.routes.push_back(static_cast<std::int32_t>((t * 3 + j * 5) % E));
+      c.route_weights.push_back(j == 0 ? 0.6f : 0.4f / (K - 1));
     }
   std::vector<float> y(static_cast<std::size_t>(T * d), 0.25f), want(y);
-  ExpertFfnArgs a{};
-  a.experts = experts;
-  a.x = x.data();
-  a.routes = routes.data();
-  a.route_weights = rw.data();
-  a.n_tokens = T;
-  a.n_expert_used = K;
-  a.out = want.data();
+  ExpertFfnArgs a = c.args(want.data());
   ref::expert_ffn(a);
   a.out = y.data();
   return compare(launch_expert_ffn<S>(Arch{}, a), y, want, Tolerance{5e-5, 1e-5});

@@ -13,6 +13,7 @@
 #include "qflash/model/routing.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "qflash/spec/presets.hpp"
+#include "support/expert_case.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -170,34 +171,18 @@ TEST_CASE("routing: the expert FFN skips unused slots and equals the reference i
     CAPTURE(to_string(f));
     bool const k_blocks = f == WeightFormat::kQ4K;
     int const d_model = k_blocks ? 256 : 64, d_ff = k_blocks ? 256 : 32;
-    std::vector<OwnedMatrix> store;
-    store.reserve(3 * n_expert);
-    auto make = [&](std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-      auto w = test::random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
-      return store.emplace_back(encode_matrix(f, w.data(), rows, cols)).view;
-    };
-    std::vector<ExpertWeights> experts;
-    for (int e = 0; e < n_expert; ++e)
-      experts.push_back({make(d_ff, d_model, 300 + 3 * e), make(d_ff, d_model, 301 + 3 * e), make(d_model, d_ff, 302 + 3 * e)});
-    auto const x = test::random_floats(static_cast<std::size_t>(n_tok * d_model), 9);
+    test::ExpertCase c;
+    c.add_experts(n_expert, f, f, d_model, d_ff, 300);
+    c.set_tokens(n_tok, d_model, slots, 9);
     // Token t uses 1 + t % 4 experts; token 5 none of expert 0..5 beyond its first; expert 5 no token.
-    std::vector<std::int32_t> routes;
-    std::vector<float> rw;
     for (int t = 0; t < n_tok; ++t)
       for (int j = 0; j < slots; ++j) {
         bool const used = j <= t % slots;
-        routes.push_back(used ? (t + 2 * j) % (n_expert - 1) : kNoExpert);
-        rw.push_back(used ? 0.1f + 0.2f * static_cast<float>(j) : 0.0f);
+        c.routes.push_back(used ? (t + 2 * j) % (n_expert - 1) : kNoExpert);
+        c.route_weights.push_back(used ? 0.1f + 0.2f * static_cast<float>(j) : 0.0f);
       }
     std::vector<float> out(static_cast<std::size_t>(n_tok * d_model), 0.5f), ref_out(out);
-    ExpertFfnArgs a{};
-    a.experts = experts;
-    a.x = x.data();
-    a.routes = routes.data();
-    a.route_weights = rw.data();
-    a.n_tokens = n_tok;
-    a.n_expert_used = slots;
-    a.out = ref_out.data();
+    ExpertFfnArgs a = c.args(ref_out.data());
     ref::expert_ffn(a);
     for (bool fused : {true, false}) {  // both SwiGLU fusion variants skip the unused slots
       CAPTURE(fused);
@@ -209,7 +194,7 @@ TEST_CASE("routing: the expert FFN skips unused slots and equals the reference i
       CHECK_MESSAGE(r.ok, r.report);
     }
     // An id below kNoExpert is still an error.
-    routes[1] = -2;
+    c.routes[1] = -2;
     CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
   }
 }

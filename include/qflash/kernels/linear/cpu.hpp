@@ -467,22 +467,38 @@ void quant_dot_tokens(WB const* w, XB const* const* x, std::int64_t nb, float* o
     dot_tokens_avx2<NT>(w, x, nb, out);
 }
 
-/// Tokens [b0, b1) through row o, kQuantTokens per pass.
-template <Simd V, class WB, class XB>
-void quant_row_tokens(LinearRows const& p, std::int64_t o, std::int64_t nb, std::int64_t b0, std::int64_t b1) {
-  auto const* row = reinterpret_cast<WB const*>(p.w.row(o));
+/// Rows per pass for several tokens: q8_0 on AVX2 needs no unpacking, so two rows share each
+/// activation load (dot_tile_avx2); other blocks are unpacked once per row for its tokens.
+template <Simd V, class WB>
+inline constexpr int kQuantTileRows = V == Simd::kAvx2 && std::is_same_v<WB, BlockQ8_0> ? 2 : 1;
+
+/// R rows (`stride` bytes apart) against NT activation rows, out[r * NT + t].
+template <Simd V, int R, int NT, class WB, class XB>
+void quant_dot_tile(WB const* w, std::int64_t stride, XB const* const* x, std::int64_t nb, float* out) {
+  if constexpr (R == 1)
+    quant_dot_tokens<V, NT>(w, x, nb, out);
+  else
+    dot_tile_avx2<R, NT>(w, stride, x, nb, out);
+}
+
+/// Tokens [b0, b1) through rows [o, o + R), kQuantTokens per pass.
+template <Simd V, int R, class WB, class XB>
+void quant_rows_tokens(LinearRows const& p, std::int64_t o, std::int64_t nb, std::int64_t b0, std::int64_t b1) {
+  auto const* rows = reinterpret_cast<WB const*>(p.w.row(o));
+  std::int64_t const stride = p.w.row_bytes();
   for (std::int64_t t = b0; t < b1; t += kQuantTokens) {
     int const nt = static_cast<int>(std::min<std::int64_t>(kQuantTokens, b1 - t));
     XB const* x[kQuantTokens];
     for (int k = 0; k < nt; ++k) x[k] = reinterpret_cast<XB const*>(p.xq_row(t + k));
-    float out[kQuantTokens];
+    float out[R * kQuantTokens];
     switch (nt) {
-      case 1: quant_dot_tokens<V, 1>(row, x, nb, out); break;
-      case 2: quant_dot_tokens<V, 2>(row, x, nb, out); break;
-      case 3: quant_dot_tokens<V, 3>(row, x, nb, out); break;
-      default: quant_dot_tokens<V, kQuantTokens>(row, x, nb, out); break;
+      case 1: quant_dot_tile<V, R, 1>(rows, stride, x, nb, out); break;
+      case 2: quant_dot_tile<V, R, 2>(rows, stride, x, nb, out); break;
+      case 3: quant_dot_tile<V, R, 3>(rows, stride, x, nb, out); break;
+      default: quant_dot_tile<V, R, kQuantTokens>(rows, stride, x, nb, out); break;
     }
-    for (int k = 0; k < nt; ++k) store_dot(p, t + k, o, out[k]);
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < nt; ++k) store_dot(p, t + k, o + r, out[r * nt + k]);
   }
 }
 
@@ -499,7 +515,11 @@ void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
     std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
     if (b1 - b0 > 1) {
-      for (std::int64_t o = o0; o < o1; ++o) quant_row_tokens<V, WB, XB>(p, o, nb, b0, b1);
+      constexpr int kTile = kQuantTileRows<V, WB>;
+      std::int64_t o = o0;
+      if constexpr (kTile > 1)
+        for (; o + kTile <= o1; o += kTile) quant_rows_tokens<V, kTile, WB, XB>(p, o, nb, b0, b1);
+      for (; o < o1; ++o) quant_rows_tokens<V, 1, WB, XB>(p, o, nb, b0, b1);
       continue;
     }
     for (std::int64_t o = o0; o < o1; o += kRows) {

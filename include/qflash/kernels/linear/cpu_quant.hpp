@@ -398,23 +398,44 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockInt4G128 const* w, std::int64_t stride, Ac
 // scales, signs) and multiplied into the NT tokens. Per (row, token) the operations and their
 // order are dot_avx2's, so a token's result does not depend on how many share its call.
 
-template <int NT>
-QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ8_0 const* w, BlockQ8_0 const* const* x, std::int64_t nb, float* out) {
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+/// R rows (`stride` bytes apart) x NT tokens of q8_0, out[r * NT + t]: each weight block is
+/// loaded and its signs taken once for the NT tokens, each activation block loaded and its
+/// scale widened once for the R rows.
+template <int R, int NT>
+QFLASH_TARGET_AVX2 void dot_tile_avx2(BlockQ8_0 const* w, std::int64_t stride, BlockQ8_0 const* const* x,
+                                      std::int64_t nb, float* out) {
+  __m256 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
   __m256i const ones = _mm256_set1_epi16(1);
   for (std::int64_t b = 0; b < nb; ++b) {
-    __m256i const wq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(w[b].qs));
-    __m256i const w_abs = _mm256_sign_epi8(wq, wq);
-    float const dw = avx2_float(w[b].d);
+    __m256i wq[R], w_abs[R];
+    __m256 dw[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockQ8_0 const& wb = row_at(w, stride, r)[b];
+      wq[r] = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qs));
+      w_abs[r] = _mm256_sign_epi8(wq[r], wq[r]);
+      dw[r] = _mm256_set1_ps(avx2_float(wb.d));
+    }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
       __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs));
-      __m256i const s = avx2_dot_u8s8(w_abs, _mm256_sign_epi8(xq, wq), ones);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * avx2_float(x[t][b].d)), acc[t]);
+      __m256 const dx = _mm256_set1_ps(avx2_float(x[t][b].d));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        __m256i const s = avx2_dot_u8s8(w_abs[r], _mm256_sign_epi8(xq, wq[r]), ones);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+      }
     }
   }
-  for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) out[r * NT + t] = simd::avx2_reduce_add(acc[r][t]);
+}
+
+template <int NT>
+QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ8_0 const* w, BlockQ8_0 const* const* x, std::int64_t nb, float* out) {
+  dot_tile_avx2<1, NT>(w, 0, x, nb, out);
 }
 
 template <int NT>

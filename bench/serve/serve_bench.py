@@ -10,6 +10,8 @@ Scenarios, the Flash design's four dimensions plus a concurrency sweep:
             against the same load without long prompts
   prefix    a customer-service workload: one shared system prompt, short varied user turns;
             kv_shared_hit_rate and TTFT from the server's /metrics (--chat: as chat messages)
+  tenants   timing isolation: each fresh prompt (--system-prompt-tokens long) sent by tenant A,
+            then by tenant B (another cache_salt), then by A again; TTFT and cached tokens of each
 
 Every request and scenario is bounded in count and time; traffic goes only to the URL given
 (start the server on loopback), or to a server this script starts itself on 127.0.0.1:
@@ -283,8 +285,32 @@ async def scenario_prefix(args, corpus):
     return [s]
 
 
+async def scenario_tenants(args, corpus):
+    """Per trial, one fresh prompt sent three times, one request at a time: by tenant A (a miss),
+    by tenant B with another cache_salt (must be a miss too, and as slow), by A again (a hit).
+    Compares TTFT by kind: B's should be A's first, not A's second."""
+    kinds = {"first (tenant A)": [], "other tenant (B)": [], "same tenant again (A)": []}
+    cached = {k: [] for k in kinds}
+    for i in range(args.requests):
+        prompt = corpus.text(args.system_prompt_tokens)
+        for kind, salt in zip(kinds, (f"tenant-a-{args.seed}", f"tenant-b-{args.seed}", f"tenant-a-{args.seed}")):
+            r = await stream_completion(args.url, strip_private(body(args.model, prompt, 4, salt=salt)), args.api_key,
+                                        args.request_timeout)
+            if r["token_times"]:
+                kinds[kind].append(r["token_times"][0] - r["start"])
+            cached[kind].append(r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0))
+    first = statistics.median(kinds["first (tenant A)"])
+    rows = []
+    for kind, ttft in kinds.items():
+        rows.append({"request": kind, "trials": len(ttft), "mean_cached_tokens": statistics.mean(cached[kind]),
+                     "ttft_p10_ms": 1e3 * percentile(ttft, 10), "ttft_p50_ms": 1e3 * percentile(ttft, 50),
+                     "ttft_p90_ms": 1e3 * percentile(ttft, 90),
+                     "p50_vs_first": statistics.median(ttft) / first if first > 0 else float("nan")})
+    return rows
+
+
 SCENARIOS = {"sweep": scenario_sweep, "baseline": scenario_baseline, "jitter": scenario_jitter,
-             "tail": scenario_tail, "prefix": scenario_prefix}
+             "tail": scenario_tail, "prefix": scenario_prefix, "tenants": scenario_tenants}
 
 
 # ---- the server, when this script starts it ---------------------------------------------------

@@ -423,23 +423,27 @@ class BatchEngine final : public Engine {
         reap();
         return;
       }
+      // Counted before any event of the step is sent: a client that reads /metrics after its
+      // response ends finds its tokens there.
       std::int64_t prefill = 0, decode = 0;
+      for (Scheduled const& b : batch_) (b.seq->computed >= b.seq->n_prompt ? decode : prefill) += b.n;
+      {
+        std::lock_guard lock(metrics_mutex_);
+        metrics_.prefill_tokens += prefill;
+        metrics_.decode_tokens += decode;
+        metrics_.prefill_window.add(static_cast<double>(prefill));
+        metrics_.decode_window.add(static_cast<double>(decode));
+        metrics_.step_tokens.add(static_cast<double>(prefill + decode));
+      }
       auto const vocab = static_cast<std::size_t>(cfg_->vocab);
       for (std::size_t i = 0; i < batch_.size(); ++i) {
         Sequence& s = *batch_[i].seq;
-        bool const decoding = s.computed >= s.n_prompt;
-        (decoding ? decode : prefill) += batch_[i].n;
         s.computed += batch_[i].n;
         cache_blocks(s);
         if (s.computed == static_cast<std::int64_t>(s.tokens.size()))
           next_token(s, std::span<float const>(logits_).subspan(i * vocab, vocab));
       }
       std::lock_guard lock(metrics_mutex_);
-      metrics_.prefill_tokens += prefill;
-      metrics_.decode_tokens += decode;
-      metrics_.prefill_window.add(static_cast<double>(prefill));
-      metrics_.decode_window.add(static_cast<double>(decode));
-      metrics_.step_tokens.add(static_cast<double>(prefill + decode));
       metrics_.step_seconds.add(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     reap();

@@ -9,7 +9,7 @@
 /// - q8_0, q4_k, q6_k, int4: activations quantized once per call to 8-bit blocks (q8_0 /
 ///   q8_k as llama.cpp does; q8_0 pairs for int4), then integer dot products per block
 ///   (cpu_quant.hpp: AVX2; cpu_quant_avx512.hpp: AVX-512 VNNI): a few rows per pass for one
-///   token, 4 tokens per pass through a row for several.
+///   token, 4 tokens per pass through a row for several (two rows for q8_0 on AVX2).
 /// - bf16 and q8_0 with AMX (kAmx) and at least kAmxMinTokens tokens: AMX-BF16 tiles over the
 ///   activations split into exact bf16 terms, AMX-INT8 tiles over their q8_0 blocks
 ///   (cpu_amx.hpp); rows past the last 16 as above.

@@ -394,9 +394,10 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockInt4G128 const* w, std::int64_t stride, Ac
 }
 
 // ---- AVX2, several tokens per weight row (prefill) --------------------------------------
-// One weight row against NT activation rows: each weight block is unpacked once (codes,
-// scales, signs) and multiplied into the NT tokens. Per (row, token) the operations and their
-// order are dot_avx2's, so a token's result does not depend on how many share its call.
+// One weight row (q8_0: R rows) against NT activation rows: each weight block is unpacked
+// once (codes, scales, signs) and multiplied into the NT tokens. Per (row, token) the
+// operations and their order are dot_avx2's, so a token's result does not depend on how
+// many share its call.
 
 /// R rows (`stride` bytes apart) x NT tokens of q8_0, out[r * NT + t]: each weight block is
 /// loaded and its signs taken once for the NT tokens, each activation block loaded and its

@@ -4,41 +4,24 @@
 //
 // A host .cpp (cuda_runtime.h only) linked with qflash_cuda_instances. Its own main exits 77
 // (ctest: Skipped) when there is no CUDA device, or when no compiled arch runs on it.
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
-
-#include <cuda_runtime.h>
+#include "gpu/gpu_main.hpp"
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/add_rmsnorm_common.hpp"
-#include "qflash/arch/select.hpp"
-#include "qflash/generated/instances.hpp"
 #include "qflash/kernels/add_rmsnorm/cpu.hpp"
 
 using namespace qflash;
 using namespace qflash::test::add_rmsnorm;
 using kernels::launch_add_rmsnorm;
+using test::gpu::compiled;
+using test::gpu::g_device;
 
 namespace {
-
-struct DeviceInfo {
-  int major = 0;
-  int minor = 0;
-  std::string name;
-};
-DeviceInfo g_device;
-
-#define QFLASH_TEST_CUDA(expr)                                          \
-  do {                                                                  \
-    cudaError_t const e_ = (expr);                                      \
-    REQUIRE_MESSAGE(e_ == cudaSuccess, #expr ": ", cudaGetErrorString(e_)); \
-  } while (0)
 
 /// Device memory for one host Buffer, `pad` elements before it (to misalign the view).
 class DeviceBuffer {
@@ -147,11 +130,6 @@ void check_instance() {
   }
 }
 
-template <class Tag>
-constexpr bool compiled() {
-  return std::find(instances::kArchs.begin(), instances::kArchs.end(), Tag::id) !=
-         instances::kArchs.end();
-}
 
 template <class Tag>
 void check_arch() {
@@ -183,27 +161,4 @@ TEST_SUITE("gpu") {
   }
   TEST_CASE("add_rmsnorm sm80 instances match ref and the CPU") { check_arch<arch::Sm80>(); }
   TEST_CASE("add_rmsnorm sm90a instances match ref and the CPU") { check_arch<arch::Sm90a>(); }
-}
-
-int main(int argc, char** argv) {
-  int n_devices = 0;
-  cudaError_t const e = cudaGetDeviceCount(&n_devices);
-  if (e != cudaSuccess || n_devices == 0) {
-    std::printf("no CUDA device: skipping GPU tests (%s)\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
-    return 77;
-  }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
-    std::printf("cannot query CUDA device 0: skipping GPU tests\n");
-    return 77;
-  }
-  g_device = {prop.major, prop.minor, prop.name};
-  if (!arch::select_cuda_arch(instances::kArchs, prop.major, prop.minor)) {
-    std::printf("no compiled arch runs on %s (cc %d.%d): skipping GPU tests\n", prop.name,
-                prop.major, prop.minor);
-    return 77;
-  }
-  doctest::Context context(argc, argv);
-  return context.run();
 }

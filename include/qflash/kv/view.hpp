@@ -3,8 +3,9 @@
 /// arena, the sequence's block table, and each head's format and place inside a block. A
 /// block holds `block_tokens` consecutive positions of every KV head, K and V: head h's keys
 /// are `block_tokens` token-head vectors of `k_bytes` bytes from `k_offset`, its values
-/// likewise from `v_offset` (numeric/kv_format.hpp has a vector's bytes). Plain data, host
-/// and device alike.
+/// likewise from `v_offset` (numeric/kv_format.hpp has a vector's bytes). Plain data. For
+/// the CUDA kernels `base` and `block_table` are device memory and `heads` host memory: the
+/// launchers check the layouts and pass them by value (kernels/kv_append/device.cuh).
 #pragma once
 
 #include <cstdint>

@@ -109,19 +109,24 @@ QFLASH_HD constexpr float get_f32(std::uint8_t const* p) {
                           static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24);
 }
 
-/// The stored (scale, min) of an asymmetric group of n values with `levels` steps: min
-/// rounded down, scale up, both clamped to the fp16 range.
+/// The stored (scale, min) of an asymmetric group whose values span [lo, hi], with `levels`
+/// steps: min rounded down, scale up, both clamped to the fp16 range.
+QFLASH_HD constexpr Int6Params kv_range_params(float lo, float hi, int levels) {
+  lo = lo < -kFp16Max ? -kFp16Max : (lo > kFp16Max ? kFp16Max : lo);
+  float const min = to_float(to_fp16_down(lo));
+  float range = (hi - min) / static_cast<float>(levels);
+  range = range > kFp16Max ? kFp16Max : (range > 0.0f ? range : 0.0f);
+  return {to_float(to_fp16_up(range)), min};
+}
+
+/// ... of the n values at x.
 QFLASH_HD constexpr Int6Params kv_group_params(float const* x, int n, int levels) {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < n; ++i) {
     lo = x[i] < lo ? x[i] : lo;
     hi = x[i] > hi ? x[i] : hi;
   }
-  lo = lo < -kFp16Max ? -kFp16Max : (lo > kFp16Max ? kFp16Max : lo);
-  float const min = to_float(to_fp16_down(lo));
-  float range = (hi - min) / static_cast<float>(levels);
-  range = range > kFp16Max ? kFp16Max : (range > 0.0f ? range : 0.0f);
-  return {to_float(to_fp16_up(range)), min};
+  return kv_range_params(lo, hi, levels);
 }
 
 }  // namespace detail

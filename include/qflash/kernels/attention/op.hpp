@@ -51,10 +51,16 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device memory
+/// for every pointer but the view's head layouts, which stay on the host).
 template <MoeSpec S>
 Status launch_attention(arch::Cpu, AttentionArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_attention(arch::Sm80, AttentionArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_attention(arch::Sm90a, AttentionArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_attention(Arch, AttentionArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/attention: no implementation for this arch");
   return Status::kErrorArchMismatch;

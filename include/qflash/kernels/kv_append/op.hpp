@@ -46,10 +46,16 @@ template <MoeSpec S>
   return can_implement_kv_view<S>(a.kv, a.start + a.n_tokens);
 }
 
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device memory
+/// for every pointer but the view's head layouts, which stay on the host).
 template <MoeSpec S>
 Status launch_kv_append(arch::Cpu, KvAppendArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_kv_append(arch::Sm80, KvAppendArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_kv_append(arch::Sm90a, KvAppendArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_kv_append(Arch, KvAppendArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/kv_append: no implementation for this arch");
   return Status::kErrorArchMismatch;

@@ -1,0 +1,403 @@
+/// @file
+/// Attention over paged, compressed KV on CUDA: the kernels and launcher body shared by
+/// sm80.cuh and sm90a.cuh. The view's convention is kv_append/device.cuh's (base and block
+/// table on the device, head layouts on the host, passed by value).
+///
+/// A CTA holds kWarps query rows of one KV head, one warp per row (a row is one token and one
+/// query head of the head's group), so a decode step's 8 query heads share each decoded key.
+/// It walks its keys in tiles: the CTA decodes a tile's K and V to fp32 in shared memory (each
+/// head in its own format, kv_decode's arithmetic), then each warp scores the tile's keys
+/// (lane-split dot products, xor-shuffle sums) and folds them into a running max, sum and
+/// output held in registers (lane i owns dimensions i, i + 32, ...). Softmax is fp32 with
+/// accurate expf.
+///
+/// Long contexts with few CTAs (decode: one row tile per KV head) are split over the keys
+/// (flash-decoding): each split writes its rows' max, sum and unnormalised output to a
+/// workspace from the stream's pool allocator, and a second kernel merges the splits.
+/// Prefill reuses the same kernel (keys beyond a row's position are masked); tensor-core
+/// prefill belongs to the CUDA model path.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "qflash/kernels/attention/op.hpp"
+#include "qflash/kernels/kv_append/device.cuh"
+
+namespace qflash::kernels::attention_cuda {
+
+using kv_cuda::DeviceKv;
+
+inline constexpr int kWarps = 8;  ///< query rows per CTA
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kChunk = 8;  ///< values one thread decodes per step
+inline constexpr int kMaxHeadDim = 512;
+inline constexpr int kSplitKeys = 256;  ///< fewest keys per split of a long context
+inline constexpr int kMaxSplits = 64;
+
+/// Dimensions each lane owns for a head of d (<= kMaxHeadDim).
+constexpr int per_lane(int d) { return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : d <= 256 ? 8 : 16; }
+
+/// Keys per tile: two fp32 tiles of K and V stay within 32 KiB of shared memory.
+constexpr int tile_keys(int per_lane) { return per_lane <= 8 ? 16 : 8; }
+
+struct Params {
+  float const* q;  // [n_tokens, n_head, d]
+  float* out;      // [n_tokens, n_head, d]
+  float const* gate;
+  std::int64_t gate_token_stride;
+  std::int64_t gate_head_stride;
+  std::int64_t n_tokens;
+  std::int64_t n_ctx;
+  int n_head;
+  int group;  ///< query heads per KV head
+  int d;
+  float scale;
+  std::int64_t split_keys;  ///< keys per split, a multiple of the tile
+  float* part_o;            ///< [n_split, n_tokens * n_head, d]; null: one split, out written directly
+  float* part_ml;           ///< [n_split, n_tokens * n_head, 2]: max, sum
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+/// N bytes (N even) at p as little-endian 32-bit words, read with the widest accesses p's
+/// alignment allows; the words stay in registers.
+template <int N>
+__device__ __forceinline__ void load_words(std::uint8_t const* p, std::uint32_t (&w)[(N + 3) / 4]) {
+  static_assert(N % 2 == 0);
+  auto const a = reinterpret_cast<std::uintptr_t>(p);
+  if constexpr (N % 16 == 0) {
+    if (a % 16 == 0) {
+#pragma unroll
+      for (int k = 0; k < N / 16; ++k) {
+        uint4 const v = reinterpret_cast<uint4 const*>(p)[k];
+        w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
+      }
+      return;
+    }
+  }
+  if constexpr (N % 8 == 0) {
+    if (a % 8 == 0) {
+#pragma unroll
+      for (int k = 0; k < N / 8; ++k) {
+        uint2 const v = reinterpret_cast<uint2 const*>(p)[k];
+        w[2 * k] = v.x, w[2 * k + 1] = v.y;
+      }
+      return;
+    }
+  }
+  if constexpr (N % 4 == 0) {
+    if (a % 4 == 0) {
+#pragma unroll
+      for (int k = 0; k < N / 4; ++k) w[k] = reinterpret_cast<std::uint32_t const*>(p)[k];
+      return;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < (N + 3) / 4; ++k) w[k] = 0;
+  if (a % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k)
+      w[k / 2] |= static_cast<std::uint32_t>(reinterpret_cast<std::uint16_t const*>(p)[k]) << (16 * (k % 2));
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < N; ++k) w[k / 4] |= static_cast<std::uint32_t>(p[k]) << (8 * (k % 4));
+}
+
+template <int N>
+__device__ __forceinline__ std::uint32_t byte_of(std::uint32_t const (&w)[N], int k) {
+  return (w[k / 4] >> (8 * (k % 4))) & 0xFFu;
+}
+
+/// Value i of a stored vector of d values, as kv_decode reads it.
+__device__ __forceinline__ float decode_value(KvFormat f, std::uint8_t const* vec, int d, int i) {
+  switch (f) {
+    case KvFormat::kF32: return detail::get_f32(vec + 4 * i);
+    case KvFormat::kBf16: return to_float(Bf16{detail::get_u16(vec + 2 * i)});
+    case KvFormat::kFp8E4m3: return to_float(Fp8E4m3{vec[4 + i]}) * detail::get_f32(vec);
+    case KvFormat::kInt8:
+    case KvFormat::kInt6: break;
+  }
+  int const g = i / kKvGroup;
+  int const j = i - g * kKvGroup;
+  Int6Params const p{to_float(Fp16{detail::get_u16(vec + 4 * g)}), to_float(Fp16{detail::get_u16(vec + 4 * g + 2)})};
+  std::uint8_t const* codes = vec + kv_group_codes_offset(f, d, g);
+  return p.min + p.scale * static_cast<float>(f == KvFormat::kInt8 ? codes[j] : int6_get(codes, static_cast<std::size_t>(j)));
+}
+
+/// Values [i0, i0 + n) of a stored vector of d values (i0 a multiple of kChunk, inside one
+/// int8/int6 group), decoded as kv_decode does, into dst.
+__device__ __forceinline__ void decode_chunk(KvFormat f, std::uint8_t const* vec, int d, int i0, float* dst) {
+  int const n = min(kChunk, d - i0);
+  if (n < kChunk) {  // a head's last, short chunk
+    for (int e = 0; e < n; ++e) dst[e] = decode_value(f, vec, d, i0 + e);
+    return;
+  }
+  switch (f) {
+    case KvFormat::kF32: {
+      std::uint32_t w[kChunk];
+      load_words<4 * kChunk>(vec + 4 * i0, w);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) dst[e] = __uint_as_float(w[e]);
+      return;
+    }
+    case KvFormat::kBf16: {
+      std::uint32_t w[kChunk / 2];
+      load_words<2 * kChunk>(vec + 2 * i0, w);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) dst[e] = to_float(Bf16{static_cast<std::uint16_t>(w[e / 2] >> (16 * (e % 2)))});
+      return;
+    }
+    case KvFormat::kFp8E4m3: {
+      float const scale = detail::get_f32(vec);
+      std::uint32_t w[kChunk / 4];
+      load_words<kChunk>(vec + 4 + i0, w);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) dst[e] = to_float(Fp8E4m3{static_cast<std::uint8_t>(byte_of(w, e))}) * scale;
+      return;
+    }
+    case KvFormat::kInt8:
+    case KvFormat::kInt6: {
+      int const g = i0 / kKvGroup;
+      int const in_group = i0 - g * kKvGroup;
+      Int6Params const p{to_float(Fp16{detail::get_u16(vec + 4 * g)}), to_float(Fp16{detail::get_u16(vec + 4 * g + 2)})};
+      std::uint8_t const* codes = vec + kv_group_codes_offset(f, d, g);
+      if (f == KvFormat::kInt8) {
+        std::uint32_t w[kChunk / 4];
+        load_words<kChunk>(codes + in_group, w);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) dst[e] = p.min + p.scale * static_cast<float>(byte_of(w, e));
+      } else {  // 8 codes in 6 bytes, 6 bits each from bit 0
+        std::uint32_t w[2];
+        load_words<kChunk / kInt6PerGroup * kInt6GroupBytes>(codes + in_group / kInt6PerGroup * kInt6GroupBytes, w);
+        std::uint64_t const bits = w[0] | static_cast<std::uint64_t>(w[1] & 0xFFFFu) << 32;
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) dst[e] = p.min + p.scale * static_cast<float>((bits >> (6 * e)) & 0x3Fu);
+      }
+      return;
+    }
+  }
+}
+
+/// The CTA decodes keys [s0, s0 + n_keys) of KV head h: K to sk, V to sv, each [n_keys, d].
+template <KvScheme kScheme>
+__device__ __forceinline__ void decode_tile(DeviceKv const& kv, int h, std::int64_t s0, int n_keys, float* sk,
+                                            float* sv) {
+  int const d = kv.d_head;
+  int const chunks = (d + kChunk - 1) / kChunk;
+  KvFormat const kf = kv::compiled_format(kScheme, kv.heads[h].k_format);
+  KvFormat const vf = kv::compiled_format(kScheme, kv.heads[h].v_format);
+  for (int u = static_cast<int>(threadIdx.x); u < 2 * n_keys * chunks; u += kThreads) {
+    bool const is_v = u >= n_keys * chunks;
+    int const w = is_v ? u - n_keys * chunks : u;
+    int const s = w / chunks;
+    int const i0 = (w % chunks) * kChunk;
+    if (is_v)
+      decode_chunk(vf, kv.value(s0 + s, h), d, i0, sv + s * d + i0);
+    else
+      decode_chunk(kf, kv.key(s0 + s, h), d, i0, sk + s * d + i0);
+  }
+}
+
+/// out[t, h] = o * inv, times sigmoid(gate) when there is a gate.
+template <int kPerLane>
+__device__ __forceinline__ void store_row(Params const& p, std::int64_t t, int h, float const (&o)[kPerLane],
+                                          float inv, int lane) {
+  float* out = p.out + (t * p.n_head + h) * p.d;
+  float const* gate =
+      p.gate ? p.gate + t * p.gate_token_stride + h * (p.gate_head_stride ? p.gate_head_stride : p.d) : nullptr;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    int const i = lane + 32 * j;
+    if (i < p.d) out[i] = gate ? o[j] * inv / (1.0f + expf(-gate[i])) : o[j] * inv;
+  }
+}
+
+/// Grid: x row tiles of kWarps rows, y KV heads, z key splits.
+template <class Arch, KvScheme kScheme, int kPerLane>
+__global__ void __launch_bounds__(kThreads, 1) attention_kernel(DeviceKv const kv, Params const p) {
+  constexpr int kTile = tile_keys(kPerLane);
+  extern __shared__ float smem[];
+  int const d = p.d;
+  float* const sk = smem;
+  float* const sv = smem + kTile * d;
+  int const lane = static_cast<int>(threadIdx.x % 32);
+  int const kv_head = static_cast<int>(blockIdx.y);
+  std::int64_t const rows = p.n_tokens * p.group;
+  std::int64_t const r0 = static_cast<std::int64_t>(blockIdx.x) * kWarps;
+  std::int64_t const r = r0 + threadIdx.x / 32;
+  bool const active = r < rows;
+  std::int64_t const t = active ? r / p.group : 0;
+  int const h = kv_head * p.group + (active ? static_cast<int>(r % p.group) : 0);
+  std::int64_t const first = p.n_ctx - p.n_tokens;  // the first new token's position
+  std::int64_t const pos = first + t;               // the row's last visible key
+  std::int64_t const cta_keys = first + (std::min(r0 + kWarps, rows) - 1) / p.group + 1;
+  std::int64_t const s_begin = static_cast<std::int64_t>(blockIdx.z) * p.split_keys;
+  std::int64_t const s_end = std::min(cta_keys, s_begin + p.split_keys);
+
+  float q[kPerLane], o[kPerLane];
+  float const* qrow = p.q + (t * p.n_head + h) * d;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    int const i = lane + 32 * j;
+    q[j] = active && i < d ? qrow[i] : 0.0f;
+    o[j] = 0.0f;
+  }
+  float mx = -INFINITY, sum = 0.0f;
+
+  for (std::int64_t s0 = s_begin; s0 < s_end; s0 += kTile) {
+    int const n_keys = static_cast<int>(std::min<std::int64_t>(kTile, s_end - s0));
+    __syncthreads();  // the previous tile's readers are done
+    decode_tile<kScheme>(kv, kv_head, s0, n_keys, sk, sv);
+    __syncthreads();
+    if (!active) continue;
+    float score[kTile];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kTile; ++s) {
+      score[s] = -INFINITY;
+      if (s < n_keys && s0 + s <= pos) {  // the same for every lane
+        float part = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+          int const i = lane + 32 * j;
+          if (i < d) part = fmaf(q[j], sk[s * d + i], part);
+        }
+        score[s] = warp_sum(part) * p.scale;
+        tile_max = fmaxf(tile_max, score[s]);
+      }
+    }
+    if (tile_max == -INFINITY) continue;
+    float const new_max = fmaxf(mx, tile_max);
+    float const rescale = expf(mx - new_max);  // 0 on the first keys
+    sum *= rescale;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) o[j] *= rescale;
+#pragma unroll
+    for (int s = 0; s < kTile; ++s) {
+      if (score[s] == -INFINITY) continue;
+      float const w = expf(score[s] - new_max);
+      sum += w;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        int const i = lane + 32 * j;
+        if (i < d) o[j] = fmaf(w, sv[s * d + i], o[j]);
+      }
+    }
+    mx = new_max;
+  }
+  if (!active) return;
+  if (!p.part_o) {
+    store_row(p, t, h, o, 1.0f / sum, lane);
+    return;
+  }
+  std::int64_t const row = static_cast<std::int64_t>(blockIdx.z) * p.n_tokens * p.n_head + t * p.n_head + h;
+  float* po = p.part_o + row * d;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < d) po[lane + 32 * j] = o[j];
+  if (lane == 0) {
+    p.part_ml[2 * row] = mx;
+    p.part_ml[2 * row + 1] = sum;
+  }
+}
+
+/// One warp per output row merges the key splits' partial results.
+template <class Arch, int kPerLane>
+__global__ void __launch_bounds__(kThreads) combine_kernel(Params const p, int n_split) {
+  std::int64_t const rows = p.n_tokens * p.n_head;
+  std::int64_t const row = (static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  int const lane = static_cast<int>(threadIdx.x % 32);
+  if (row >= rows) return;
+  float mx = -INFINITY;
+  for (int z = 0; z < n_split; ++z) mx = fmaxf(mx, p.part_ml[2 * (z * rows + row)]);
+  float o[kPerLane] = {};
+  float sum = 0.0f;
+  for (int z = 0; z < n_split; ++z) {
+    std::int64_t const zr = z * rows + row;
+    float const w = expf(p.part_ml[2 * zr] - mx);  // 0 for a split that saw none of the row's keys
+    if (w == 0.0f) continue;
+    sum = fmaf(w, p.part_ml[2 * zr + 1], sum);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+      if (lane + 32 * j < p.d) o[j] = fmaf(w, p.part_o[zr * p.d + lane + 32 * j], o[j]);
+  }
+  store_row(p, row / p.n_head, static_cast<int>(row % p.n_head), o, 1.0f / sum, lane);
+}
+
+/// Splits of the keys: enough CTAs to fill the device twice, each split kSplitKeys or more.
+inline std::int64_t split_count(std::int64_t ctas, std::int64_t n_ctx) {
+  if (n_ctx < 2 * kSplitKeys) return 1;
+  int device = 0, n_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 1;
+  if (ctas >= 2 * n_sm) return 1;
+  std::int64_t const want = (2 * n_sm + ctas - 1) / ctas;
+  return std::clamp<std::int64_t>(std::min(want, n_ctx / kSplitKeys), 1, kMaxSplits);
+}
+
+template <class Arch, KvScheme kScheme, int kPerLane>
+Status launch_per_lane(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t stream) {
+  constexpr int kTile = tile_keys(kPerLane);
+  std::int64_t const row_tiles = (p.n_tokens * p.group + kWarps - 1) / kWarps;
+  std::int64_t n_split = split_count(row_tiles * n_head_kv, p.n_ctx);
+  p.split_keys = (p.n_ctx + n_split - 1) / n_split;
+  p.split_keys = (p.split_keys + kTile - 1) / kTile * kTile;
+  n_split = (p.n_ctx + p.split_keys - 1) / p.split_keys;
+  void* workspace = nullptr;
+  if (n_split > 1) {
+    std::size_t const floats = static_cast<std::size_t>(n_split * p.n_tokens * p.n_head) * static_cast<std::size_t>(p.d + 2);
+    if (cudaMallocAsync(&workspace, floats * sizeof(float), stream) != cudaSuccess) return Status::kErrorCuda;
+    p.part_o = static_cast<float*>(workspace);
+    p.part_ml = p.part_o + n_split * p.n_tokens * p.n_head * p.d;
+  }
+  std::size_t const smem = 2 * static_cast<std::size_t>(kTile) * static_cast<std::size_t>(p.d) * sizeof(float);
+  dim3 const grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n_split));
+  attention_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, smem, stream>>>(kv, p);
+  Status status = kv_cuda::last_launch_status();
+  if (n_split > 1) {
+    if (status == Status::kSuccess) {
+      std::int64_t const warps = p.n_tokens * p.n_head;
+      auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+      combine_kernel<Arch, kPerLane><<<blocks, kThreads, 0, stream>>>(p, static_cast<int>(n_split));
+      status = kv_cuda::last_launch_status();
+    }
+    if (cudaFreeAsync(workspace, stream) != cudaSuccess) status = Status::kErrorCuda;
+  }
+  return status;
+}
+
+/// The body of `launch_attention<S>(Arch, args, stream)` for a CUDA arch tag.
+template <class Arch, MoeSpec S>
+Status launch(AttentionArgs const& a, stream_t stream) {
+  if (Status s = can_implement_attention<S>(a); s != Status::kSuccess) return s;
+  if (a.d_head > kMaxHeadDim) return Status::kErrorNotSupported;
+  DeviceKv kv{};
+  if (Status s = kv_cuda::to_device(a.kv, kv); s != Status::kSuccess) return s;
+  if (a.n_tokens == 0) return Status::kSuccess;
+  Params const p{a.q,        a.out,      a.gate,          a.gate_token_stride,      a.gate_head_stride,
+                 a.n_tokens, a.n_ctx,    a.n_head,        a.n_head / a.n_head_kv,   a.d_head,
+                 a.scale,    a.n_ctx,    nullptr,         nullptr};
+  auto const s = static_cast<cudaStream_t>(stream);
+  if constexpr (S.d_head != kDynamic) {
+    return launch_per_lane<Arch, S.kv, per_lane(S.d_head)>(kv, p, a.n_head_kv, s);
+  } else {
+    switch (per_lane(a.d_head)) {
+      case 1: return launch_per_lane<Arch, S.kv, 1>(kv, p, a.n_head_kv, s);
+      case 2: return launch_per_lane<Arch, S.kv, 2>(kv, p, a.n_head_kv, s);
+      case 4: return launch_per_lane<Arch, S.kv, 4>(kv, p, a.n_head_kv, s);
+      case 8: return launch_per_lane<Arch, S.kv, 8>(kv, p, a.n_head_kv, s);
+      default: return launch_per_lane<Arch, S.kv, 16>(kv, p, a.n_head_kv, s);
+    }
+  }
+}
+
+}  // namespace qflash::kernels::attention_cuda

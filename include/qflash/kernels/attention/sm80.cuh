@@ -1,0 +1,16 @@
+/// @file
+/// Attention over paged, compressed KV for sm_80 (A100 class; newer GPUs run it through its PTX).
+/// Included only by the generated instance TUs `attention_<spec>_sm80.cu`; consumers include
+/// op.hpp and link the instances.
+#pragma once
+
+#include "qflash/kernels/attention/device.cuh"
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_attention(arch::Sm80, AttentionArgs const& args, stream_t stream) {
+  return attention_cuda::launch<arch::Sm80, S>(args, stream);
+}
+
+}  // namespace qflash::kernels

@@ -1,0 +1,15 @@
+/// @file
+/// KV quantize-append for sm_90a (H100/H200): device.cuh's kernels with the Sm90a tag (own symbols).
+/// Included only by the generated instance TUs `kv_append_<spec>_sm90a.cu`.
+#pragma once
+
+#include "qflash/kernels/kv_append/device.cuh"
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_kv_append(arch::Sm90a, KvAppendArgs const& args, stream_t stream) {
+  return kv_cuda::launch<arch::Sm90a, S>(args, stream);
+}
+
+}  // namespace qflash::kernels

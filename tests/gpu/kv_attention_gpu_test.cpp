@@ -1,0 +1,275 @@
+// kv_append and attention over paged, compressed KV on CUDA: every compiled instance (spec x
+// arch) this device runs, against the CPU twins.
+// - kv_append writes the bytes the CPU writes (the same encoding functions, IEEE division,
+//   order-free maxima), in several appends, every format and a per-head mix.
+// - attention equals the CPU kernel and ref::attention (dequantize, then attend) within
+//   kDot: fp32 sums in another order over values decoded with fused multiply-adds; decode
+//   with contexts long enough to split the keys over CTAs, prefill, odd head widths, GQA
+//   groups of 1 to 12, the output gate, blocks handed out in shuffled order.
+#include "gpu/gpu_main.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "qflash/kernels/attention/cpu.hpp"
+#include "qflash/kernels/attention/ref.hpp"
+#include "qflash/kernels/kv_append/cpu.hpp"
+#include "qflash/kernels/kv_append/ref.hpp"
+#include "qflash/kv/layer_cache.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+using namespace qflash;
+using namespace qflash::kernels;
+using test::all_close;
+using test::Tolerance;
+using test::gpu::compiled;
+using test::gpu::g_device;
+using test::gpu::runs_here;
+
+namespace {
+
+constexpr Tolerance kDot{2e-5, 1e-5};
+
+/// Device memory holding a copy of host bytes.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t n) : n_(n) { QFLASH_TEST_CUDA(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T))); }
+  explicit DeviceArray(std::vector<T> const& host) : DeviceArray(host.size()) { upload(host.data()); }
+  DeviceArray(DeviceArray const&) = delete;
+  DeviceArray& operator=(DeviceArray const&) = delete;
+  ~DeviceArray() { cudaFree(p_); }
+  T* get() { return p_; }
+  void upload(T const* host) {
+    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(p_, host, n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> out(n_);
+    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_;
+};
+
+/// A host paged cache mirrored on the device: its arena and block table copied over, the
+/// head layouts left on the host (the CUDA launchers' convention).
+class DeviceCache {
+ public:
+  explicit DeviceCache(kv::LayerCache& host) : host_(host.view()), table_(host.block_table()),
+                                               arena_(static_cast<std::size_t>(arena_bytes(host_))) {
+    arena_.upload(host_.base);
+  }
+  kv::KvView view() {
+    kv::KvView v = host_;
+    v.base = arena_.get();
+    v.block_table = table_.get();
+    return v;
+  }
+  std::vector<std::uint8_t> arena() const { return arena_.download(); }
+  static std::int64_t arena_bytes(kv::KvView const& v) {
+    std::int32_t const last = v.n_blocks ? *std::max_element(v.block_table, v.block_table + v.n_blocks) : 0;
+    return (last + 1) * v.block_bytes;
+  }
+
+ private:
+  kv::KvView host_;
+  DeviceArray<std::int32_t> table_;
+  DeviceArray<std::uint8_t> arena_;
+};
+
+struct Problem {
+  int n_head, n_kv, d;
+  std::int64_t n_ctx, n_tokens;
+  bool gate = false;
+};
+
+struct Inputs {
+  std::vector<float> q, k, v, gate;
+  explicit Inputs(Problem const& p, std::uint64_t seed)
+      : q(test::random_floats(static_cast<std::size_t>(p.n_tokens * p.n_head * p.d), seed, -2, 2)),
+        k(test::random_floats(static_cast<std::size_t>(p.n_ctx * p.n_kv * p.d), seed + 1, -2, 2)),
+        v(test::random_floats(static_cast<std::size_t>(p.n_ctx * p.n_kv * p.d), seed + 2)),
+        gate(p.gate ? test::random_floats(static_cast<std::size_t>(p.n_tokens * p.n_head * 2 * p.d), seed + 3, -3, 3)
+                    : std::vector<float>{}) {}
+};
+
+AttentionArgs args_for(Problem const& p, kv::KvView view, float const* q, float* out, float const* gate) {
+  AttentionArgs a{};
+  a.q = q;
+  a.kv = view;
+  a.out = out;
+  a.n_tokens = p.n_tokens;
+  a.n_ctx = p.n_ctx;
+  a.n_head = p.n_head;
+  a.n_head_kv = p.n_kv;
+  a.d_head = p.d;
+  a.scale = 0.3f;
+  if (gate) {  // qwen3_5_moe's layout: each head's query then its gate
+    a.gate = gate + p.d;
+    a.gate_head_stride = 2 * p.d;
+    a.gate_token_stride = 2 * static_cast<std::int64_t>(p.n_head) * p.d;
+  }
+  return a;
+}
+
+/// Head layouts to try under spec S: each format S.kv allows, and a per-head mix when it
+/// allows several.
+template <MoeSpec S>
+std::vector<std::vector<kv::KvFormats>> layouts_for(int n_kv) {
+  std::vector<std::vector<kv::KvFormats>> out;
+  for (auto const& [f, name] : kKvFormats)
+    if (kv::allows(S.kv, f)) out.emplace_back(static_cast<std::size_t>(n_kv), kv::KvFormats{f, f});
+  if (S.kv == KvScheme::kAny || S.kv == KvScheme::kMixed) {
+    std::vector<kv::KvFormats> mixed;
+    for (int h = 0; h < n_kv; ++h)
+      mixed.push_back({kKvFormats[static_cast<std::size_t>(h + 1) % 5].first, kKvFormats[static_cast<std::size_t>(4 - h) % 5].first});
+    out.push_back(mixed);
+  }
+  return out;
+}
+
+template <MoeSpec S, class Tag>
+void check_attention(Problem const& p, std::vector<kv::KvFormats> const& heads, bool shuffled_blocks) {
+  CAPTURE(p.d);
+  CAPTURE(p.n_ctx);
+  CAPTURE(p.n_tokens);
+  CAPTURE(p.n_head);
+  CAPTURE(p.n_kv);
+  CAPTURE(p.gate);
+  CAPTURE(to_string(heads[0].k));
+  CAPTURE(to_string(heads[0].v));
+  CAPTURE(shuffled_blocks);
+  Inputs const in(p, static_cast<std::uint64_t>(p.d * 7 + p.n_ctx));
+  kv::LayerCache cache(heads, p.d, p.n_ctx);
+  if (shuffled_blocks) {  // a pool whose free list was shuffled hands its blocks out in that order
+    std::vector<std::int32_t> all;
+    cache.pool().allocate(cache.pool().capacity(), all);
+    std::shuffle(all.begin(), all.end(), std::mt19937(11));
+    cache.pool().release(all);
+  }
+  cache.append(in.k.data(), in.v.data(), p.n_ctx);
+  float const* gate = p.gate ? in.gate.data() : nullptr;
+
+  std::vector<float> want(in.q.size()), cpu(in.q.size());
+  ref::attention(args_for(p, cache.view(), in.q.data(), want.data(), gate));
+  REQUIRE(launch_attention<S>(arch::Cpu{}, args_for(p, cache.view(), in.q.data(), cpu.data(), gate)) == Status::kSuccess);
+
+  DeviceCache dev(cache);
+  DeviceArray<float> q(in.q), out(in.q.size()), g(in.gate);
+  cudaStream_t stream = nullptr;
+  QFLASH_TEST_CUDA(cudaStreamCreate(&stream));
+  Status const st = launch_attention<S>(Tag{}, args_for(p, dev.view(), q.get(), out.get(), p.gate ? g.get() : nullptr), stream);
+  cudaError_t const sync = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  REQUIRE(st == Status::kSuccess);
+  REQUIRE_MESSAGE(sync == cudaSuccess, "kernel failed: ", cudaGetErrorString(sync));
+  std::vector<float> const got = out.download();
+  auto const vs_cpu = all_close<float, float>(got, cpu, kDot);
+  CHECK_MESSAGE(vs_cpu.ok, "GPU vs CPU twin: ", vs_cpu.report);
+  auto const vs_ref = all_close<float, float>(got, want, kDot);
+  CHECK_MESSAGE(vs_ref.ok, "GPU vs ref: ", vs_ref.report);
+}
+
+/// Appends n positions in the given runs on the GPU and on the CPU; the stored bytes match.
+template <MoeSpec S, class Tag>
+void check_append(int n_kv, int d, std::vector<std::int64_t> const& runs, std::vector<kv::KvFormats> const& heads) {
+  CAPTURE(d);
+  CAPTURE(to_string(heads[0].k));
+  CAPTURE(to_string(heads[0].v));
+  std::int64_t n = 0;
+  for (auto r : runs) n += r;
+  auto const k = test::random_floats(static_cast<std::size_t>(n * n_kv * d), 21, -3, 3);
+  auto const v = test::random_floats(static_cast<std::size_t>(n * n_kv * d), 22, -3, 3);
+  kv::LayerCache cpu(heads, d, n);
+  std::vector<std::int32_t> table;
+  cpu.pool().allocate(cpu.pool().blocks_for(n), table);
+  kv::KvView const cv = cpu.pool().view(0, table);
+  std::memset(cv.base, 0, static_cast<std::size_t>(DeviceCache::arena_bytes(cv)));
+
+  DeviceArray<std::uint8_t> arena(std::vector<std::uint8_t>(static_cast<std::size_t>(DeviceCache::arena_bytes(cv)), 0));
+  DeviceArray<std::int32_t> dtable(table);
+  DeviceArray<float> dk(k), dv(v);
+  kv::KvView gv = cv;
+  gv.base = arena.get();
+  gv.block_table = dtable.get();
+  std::int64_t start = 0;
+  for (std::int64_t len : runs) {
+    std::int64_t const off = start * n_kv * d;
+    REQUIRE(launch_kv_append<S>(arch::Cpu{}, KvAppendArgs{cv, k.data() + off, v.data() + off, len, start}) ==
+            Status::kSuccess);
+    REQUIRE(launch_kv_append<S>(Tag{}, KvAppendArgs{gv, dk.get() + off, dv.get() + off, len, start}, nullptr) ==
+            Status::kSuccess);
+    start += len;
+  }
+  QFLASH_TEST_CUDA(cudaDeviceSynchronize());
+  std::vector<std::uint8_t> const got = arena.download();
+  int mismatched = 0;
+  for (std::int64_t s = 0; s < n; ++s)
+    for (int h = 0; h < n_kv; ++h) {
+      auto at = [&](std::uint8_t const* p) { return got.data() + (p - cv.base); };
+      mismatched += std::memcmp(cv.key(s, h), at(cv.key(s, h)), static_cast<std::size_t>(cv.heads[h].k_bytes)) != 0;
+      mismatched += std::memcmp(cv.value(s, h), at(cv.value(s, h)), static_cast<std::size_t>(cv.heads[h].v_bytes)) != 0;
+    }
+  CHECK_MESSAGE(mismatched == 0, mismatched, " stored vectors differ from the CPU's bytes");
+  // Past the block table's end: refused before any launch.
+  CHECK(launch_kv_append<S>(Tag{}, KvAppendArgs{gv, dk.get(), dv.get(), 2, gv.capacity() - 1}, nullptr) ==
+        Status::kErrorInvalidProblem);
+}
+
+template <class Tag, std::size_t I>
+void check_instance() {
+  constexpr MoeSpec S = instances::kSpecs[I];
+  CAPTURE(instances::kSpecNames[I]);
+  CAPTURE(Tag::name);
+  std::vector<Problem> problems;
+  if constexpr (S.d_head != kDynamic && S.n_head != kDynamic && S.n_head_kv != kDynamic) {
+    // The spec's own heads: decode (split over the keys at 1500), prefill, and the gate.
+    problems = {{S.n_head, S.n_head_kv, S.d_head, 1500, 1, true},
+                {S.n_head, S.n_head_kv, S.d_head, 70, 70, false},
+                {S.n_head, S.n_head_kv, S.d_head, 40, 3, true}};
+  } else {
+    // Decode and prefill, GQA groups of 1, 2, 4 and 12, odd widths (short last chunks),
+    // contexts that end inside a block, split decode, the widest head.
+    problems = {{4, 2, 64, 37, 1},     {4, 2, 32, 300, 300}, {12, 1, 16, 20, 5, true}, {3, 3, 24, 17, 17},
+                {2, 1, 20, 33, 3},     {4, 2, 256, 530, 2},  {16, 2, 256, 2000, 1, true}, {8, 2, 128, 700, 9},
+                {4, 1, 512, 600, 1},   {2, 2, 40, 1030, 1}};
+  }
+  for (Problem const& p : problems)
+    for (auto const& heads : layouts_for<S>(p.n_kv)) check_attention<S, Tag>(p, heads, false);
+  Problem const first = problems.front();
+  check_attention<S, Tag>(first, layouts_for<S>(first.n_kv).back(), true);
+
+  int const n_kv = S.n_head_kv != kDynamic ? S.n_head_kv : 2;
+  for (int d : S.d_head != kDynamic ? std::vector<int>{S.d_head} : std::vector<int>{40, 64, 130, 256})
+    for (auto const& heads : layouts_for<S>(n_kv)) check_append<S, Tag>(n_kv, d, {1, 16, 28, 3}, heads);
+}
+
+template <class Tag>
+void check_arch() {
+  if constexpr (compiled<Tag>()) {
+    if (!runs_here<Tag>()) {
+      MESSAGE(Tag::name, " cannot run on cc ", g_device.major, ".", g_device.minor, ": not checked here");
+      return;
+    }
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (check_instance<Tag, I>(), ...);
+    }(std::make_index_sequence<instances::kSpecs.size()>{});
+  } else {
+    MESSAGE(Tag::name, " is not compiled in this build (QFLASH_CUDA_ARCHS)");
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("kv_append and paged attention sm80 instances match the CPU") { check_arch<arch::Sm80>(); }
+  TEST_CASE("kv_append and paged attention sm90a instances match the CPU") { check_arch<arch::Sm90a>(); }
+}

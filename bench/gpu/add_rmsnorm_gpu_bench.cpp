@@ -17,61 +17,15 @@
 #include <utility>
 #include <vector>
 
+#include "gpu_bench.hpp"
 #include "qflash/arch/select.hpp"
 #include "qflash/generated/instances.hpp"
 #include "qflash/kernels/add_rmsnorm/op.hpp"
 
 using namespace qflash;
+using namespace qflash::bench::gpu;
 
 namespace {
-
-bool ok(cudaError_t e, char const* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "add_rmsnorm_gpu_bench: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
-}
-
-struct Roofs {
-  double copy_gbps = 0.0;
-  double theoretical_gbps = 0.0;
-};
-
-/// Times `fn` (which enqueues on `stream`): mean of `reps` calls after `warmup`, in seconds.
-template <class Fn>
-double time_calls(cudaStream_t stream, Fn&& fn, int warmup = 3, int reps = 20) {
-  for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start, stream);
-  for (int i = 0; i < reps; ++i) fn();
-  cudaEventRecord(stop, stream);
-  cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return static_cast<double>(ms) * 1e-3 / reps;
-}
-
-Roofs measure_roofs(int device, cudaStream_t stream) {
-  Roofs r;
-  int clock_khz = 0, bus_bits = 0;
-  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
-  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
-  r.theoretical_gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
-
-  std::size_t const bytes = std::size_t{1} << 30;
-  void *a = nullptr, *b = nullptr;
-  if (ok(cudaMalloc(&a, bytes), "cudaMalloc") && ok(cudaMalloc(&b, bytes), "cudaMalloc")) {
-    cudaMemsetAsync(a, 0, bytes, stream);
-    double const t = time_calls(stream, [&] { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream); }, 2, 10);
-    r.copy_gbps = 2.0 * static_cast<double>(bytes) / t / 1e9;
-  }
-  cudaFree(a);
-  cudaFree(b);
-  return r;
-}
 
 struct Shape {
   DType dtype;
@@ -119,11 +73,6 @@ struct DeviceProblem {
            static_cast<double>(args.n_cols) * static_cast<double>(size_of(args.dtype));
   }
 };
-
-template <class Tag>
-constexpr bool compiled() {
-  return std::find(instances::kArchs.begin(), instances::kArchs.end(), Tag::id) != instances::kArchs.end();
-}
 
 template <class Tag, std::size_t I>
 void bench_instance(Roofs const& roofs, cudaStream_t stream) {
@@ -174,30 +123,8 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
 }  // namespace
 
 int main() {
-  int n_devices = 0;
-  cudaError_t const e = cudaGetDeviceCount(&n_devices);
-  if (e != cudaSuccess || n_devices == 0) {
-    std::printf("no CUDA device: skipping the GPU bench (%s)\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
-    return 77;
-  }
-  cudaDeviceProp prop{};
-  if (!ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties")) return 1;
-  auto const selected = arch::select_cuda_arch(instances::kArchs, prop.major, prop.minor);
-  if (!selected) {
-    std::printf("no compiled arch runs on %s (cc %d.%d): skipping the GPU bench\n", prop.name, prop.major, prop.minor);
-    return 77;
-  }
-  cudaStream_t stream = nullptr;
-  if (!ok(cudaStreamCreate(&stream), "cudaStreamCreate")) return 1;
-  Roofs const roofs = measure_roofs(0, stream);
-  std::printf("device: %s (cc %d.%d, %d SMs, L2 %d MiB); selected arch: %s\n", prop.name, prop.major,
-              prop.minor, prop.multiProcessorCount, prop.l2CacheSize >> 20,
-              std::string(arch::to_string(*selected)).c_str());
-  std::printf("bandwidth: measured D2D copy %.1f GB/s, theoretical %.1f GB/s\n", roofs.copy_gbps,
-              roofs.theoretical_gbps);
-  bench_arch<arch::Sm90a>(prop.major, prop.minor, roofs, stream);
-  bench_arch<arch::Sm80>(prop.major, prop.minor, roofs, stream);
-  cudaStreamDestroy(stream);
-  return 0;
+  return run_on_device([](int major, int minor, Roofs const& roofs, cudaStream_t stream) {
+    bench_arch<arch::Sm90a>(major, minor, roofs, stream);
+    bench_arch<arch::Sm80>(major, minor, roofs, stream);
+  });
 }

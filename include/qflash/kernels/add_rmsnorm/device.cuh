@@ -27,6 +27,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "qflash/kernels/add_rmsnorm/op.hpp"
+#include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/add_rmsnorm/policy.hpp"
 
 namespace qflash::kernels::add_rmsnorm_cuda {
@@ -207,11 +208,7 @@ template <class Arch, class Act, class W, int kVec, int kThreads>
 __global__ void __launch_bounds__(kThreads) add_rmsnorm_warp_kernel(Params<Act, W> const p) {
   constexpr int kWarps = kThreads / 32;
   int const lane = static_cast<int>(threadIdx.x) % 32;
-  auto warp_sum = [](float v) {
-#pragma unroll
-    for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
-    return v;
-  };
+  auto warp_sum = [](float v) { return cuda::warp_sum(v); };
   std::int64_t const first = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   for (std::int64_t row = first; row < p.n_rows; row += static_cast<std::int64_t>(gridDim.x) * kWarps)
     add_rmsnorm_row_device<kVec>(p, row, lane, 32, warp_sum);
@@ -219,10 +216,6 @@ __global__ void __launch_bounds__(kThreads) add_rmsnorm_warp_kernel(Params<Act, 
 
 inline bool aligned_to(void const* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
-
-inline Status last_launch_status() {
-  return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kErrorCuda;
 }
 
 /// Any-width kernels with vectors of kVec elements (1: no alignment assumed).
@@ -238,14 +231,14 @@ Status launch_any_width(Params<Act, W> const& p, cudaStream_t stream) {
                                                          kPolicy.max_blocks);
       add_rmsnorm_warp_kernel<Arch, Act, W, kVec, kThreads>
           <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-      return last_launch_status();
+      return cuda::last_launch_status();
     }
   }
   constexpr int kThreads = kPolicy.block_threads;
   std::int64_t const blocks = std::min<std::int64_t>(p.n_rows, kPolicy.max_blocks);
   add_rmsnorm_block_kernel<Arch, Act, W, kVec, kThreads>
       <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-  return last_launch_status();
+  return cuda::last_launch_status();
 }
 
 /// True when the spec's static width runs the register-resident kernel: whole vectors, and
@@ -283,7 +276,7 @@ Status launch_typed(AddRmsNormArgs const& a, cudaStream_t stream) {
       std::int64_t const blocks = std::min<std::int64_t>(a.n_rows, kPolicy.max_blocks);
       add_rmsnorm_static_kernel<Arch, Act, W, S.d_model, kVec, kThreads>
           <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-      return last_launch_status();
+      return cuda::last_launch_status();
     }
     // Misaligned views of a static-width problem take the scalar any-width kernel.
     return launch_any_width<Arch, S, 1>(p, stream);

@@ -60,12 +60,6 @@ struct Params {
   float* part_ml;           ///< [n_split, n_tokens * n_head, 2]: max, sum
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-
 /// N bytes (N even) at p as little-endian 32-bit words, read with the widest accesses p's
 /// alignment allows; the words stay in registers.
 template <int N>
@@ -270,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(DeviceKv const k
           int const i = lane + 32 * j;
           if (i < d) part = fmaf(q[j], sk[s * d + i], part);
         }
-        score[s] = warp_sum(part) * p.scale;
+        score[s] = cuda::warp_sum(part) * p.scale;
         tile_max = fmaxf(tile_max, score[s]);
       }
     }
@@ -362,13 +356,13 @@ Status launch_per_lane(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t
   std::size_t const smem = 2 * static_cast<std::size_t>(kTile) * static_cast<std::size_t>(p.d) * sizeof(float);
   dim3 const grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n_split));
   attention_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, smem, stream>>>(kv, p);
-  Status status = kv_cuda::last_launch_status();
+  Status status = cuda::last_launch_status();
   if (n_split > 1) {
     if (status == Status::kSuccess) {
       std::int64_t const warps = p.n_tokens * p.n_head;
       auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
       combine_kernel<Arch, kPerLane><<<blocks, kThreads, 0, stream>>>(p, static_cast<int>(n_split));
-      status = kv_cuda::last_launch_status();
+      status = cuda::last_launch_status();
     }
     if (cudaFreeAsync(workspace, stream) != cudaSuccess) status = Status::kErrorCuda;
   }

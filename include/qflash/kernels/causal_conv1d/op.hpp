@@ -46,12 +46,16 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
-/// Runs the conv on the CPU (defined in cpu.hpp). Returns can_implement's verdict on bad
-/// arguments, else kSuccess.
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device pointers).
+/// Each returns can_implement's verdict on bad arguments, else kSuccess (or kErrorCuda).
 template <MoeSpec S>
 Status launch_causal_conv1d(arch::Cpu, CausalConv1dArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_causal_conv1d(arch::Sm80, CausalConv1dArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_causal_conv1d(arch::Sm90a, CausalConv1dArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_causal_conv1d(Arch, CausalConv1dArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/causal_conv1d: no implementation for this arch");
   return Status::kErrorArchMismatch;

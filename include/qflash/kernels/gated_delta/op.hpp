@@ -118,11 +118,17 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
-/// Runs the delta rule in `args.form`; any arch without an implementation stops the build.
+/// Runs the delta rule: on the CPU (cpu.hpp) in `args.form`; on CUDA (sm80.cuh / sm90a.cuh,
+/// device pointers, d_k <= 256) as the recurrence for either form. Any other arch stops the
+/// build.
 template <MoeSpec S>
 Status launch_gated_delta(arch::Cpu, GatedDeltaArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_gated_delta(arch::Sm80, GatedDeltaArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_gated_delta(arch::Sm90a, GatedDeltaArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_gated_delta(Arch, GatedDeltaArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/gated_delta: no implementation for this arch");
   return Status::kErrorArchMismatch;

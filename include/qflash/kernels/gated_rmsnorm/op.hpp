@@ -40,11 +40,15 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
-/// Runs the norm on the CPU (defined in cpu.hpp).
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device pointers).
 template <MoeSpec S>
 Status launch_gated_rmsnorm(arch::Cpu, GatedRmsNormArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_gated_rmsnorm(arch::Sm80, GatedRmsNormArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_gated_rmsnorm(arch::Sm90a, GatedRmsNormArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_gated_rmsnorm(Arch, GatedRmsNormArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/gated_rmsnorm: no implementation for this arch");
   return Status::kErrorArchMismatch;

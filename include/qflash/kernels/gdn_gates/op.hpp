@@ -32,10 +32,15 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device pointers).
 template <MoeSpec S>
 Status launch_gdn_gates(arch::Cpu, GdnGatesArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_gdn_gates(arch::Sm80, GdnGatesArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_gdn_gates(arch::Sm90a, GdnGatesArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_gdn_gates(Arch, GdnGatesArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/gdn_gates: no implementation for this arch");
   return Status::kErrorArchMismatch;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/kv_append/op.hpp"
 #include "qflash/kv/map.hpp"
 
@@ -57,21 +58,6 @@ inline Status to_device(kv::KvView const& v, DeviceKv& out) {
   return Status::kSuccess;
 }
 
-inline Status last_launch_status() {
-  return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kErrorCuda;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
-__device__ __forceinline__ float warp_min(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
-
 /// kv_encode(f, x, d, out) by the 32 lanes of a warp.
 __device__ __forceinline__ void encode_warp(KvFormat f, float const* x, int d, std::uint8_t* out, int lane) {
   switch (f) {
@@ -84,7 +70,7 @@ __device__ __forceinline__ void encode_warp(KvFormat f, float const* x, int d, s
     case KvFormat::kFp8E4m3: {
       float amax = 0.0f;
       for (int i = lane; i < d; i += 32) amax = fmaxf(amax, fabsf(x[i]));
-      float const scale = warp_max(amax) / kFp8E4m3Max;
+      float const scale = cuda::warp_max(amax) / kFp8E4m3Max;
       if (lane == 0) detail::put_f32(out, scale);
       for (int i = lane; i < d; i += 32) out[4 + i] = scale > 0.0f ? to_fp8_e4m3(x[i] / scale).bits : 0;
       return;
@@ -100,7 +86,7 @@ __device__ __forceinline__ void encode_warp(KvFormat f, float const* x, int d, s
           lo = fminf(lo, xg[i]);
           hi = fmaxf(hi, xg[i]);
         }
-        Int6Params const p = detail::kv_range_params(warp_min(lo), warp_max(hi), levels);
+        Int6Params const p = detail::kv_range_params(cuda::warp_min(lo), cuda::warp_max(hi), levels);
         if (lane == 0) {
           detail::put_u16(out + 4 * g, to_fp16(p.scale).bits);
           detail::put_u16(out + 4 * g + 2, to_fp16(p.min).bits);
@@ -151,7 +137,7 @@ Status launch(KvAppendArgs const& a, stream_t stream) {
   auto const blocks = static_cast<unsigned>((threads + kAppendThreads - 1) / kAppendThreads);
   kv_append_kernel<Arch, S.kv><<<blocks, kAppendThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       kv, a.k, a.v, a.n_tokens, a.start);
-  return last_launch_status();
+  return cuda::last_launch_status();
 }
 
 }  // namespace qflash::kernels::kv_cuda

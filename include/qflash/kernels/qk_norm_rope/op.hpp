@@ -48,10 +48,15 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device pointers).
 template <MoeSpec S>
 Status launch_qk_norm_rope(arch::Cpu, QkNormRopeArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_qk_norm_rope(arch::Sm80, QkNormRopeArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_qk_norm_rope(arch::Sm90a, QkNormRopeArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_qk_norm_rope(Arch, QkNormRopeArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/qk_norm_rope: no implementation for this arch");
   return Status::kErrorArchMismatch;

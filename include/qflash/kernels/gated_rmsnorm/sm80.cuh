@@ -1,0 +1,16 @@
+/// @file
+/// Gated RMSNorm for sm_80 (A100 class; newer GPUs run it through its PTX).
+/// Included only by the generated instance TUs `gated_rmsnorm_<spec>_sm80.cu`; consumers include
+/// op.hpp and link the instances.
+#pragma once
+
+#include "qflash/kernels/gated_rmsnorm/device.cuh"
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_gated_rmsnorm(arch::Sm80, GatedRmsNormArgs const& args, stream_t stream) {
+  return gated_rmsnorm_cuda::launch<arch::Sm80, S>(args, stream);
+}
+
+}  // namespace qflash::kernels

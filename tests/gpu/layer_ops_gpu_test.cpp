@@ -1,0 +1,365 @@
+// The layers' smaller ops on CUDA (gated_rmsnorm, gdn_gates, qk_norm_rope, causal_conv1d,
+// gated_delta):
+// every compiled instance (spec x arch) this device runs, against the CPU twins and the fp64
+// references, over the spec's shapes (or several when they are dynamic), rows past the grid
+// cap, y over x, strided heads, partial and full rotation, both norm-weight kinds, and a
+// sequence conv'd (and run through the delta rule) in several calls through its state, q/k/v
+// read straight out of the conv output, both value-head orders. Tolerances: fp32 sums in another order
+// (and fused multiply-adds) and the device's expf/log1pf (within 2 ulp) against the CPU's.
+#include "gpu/gpu_main.hpp"
+
+#include <cstdint>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "qflash/kernels/causal_conv1d/cpu.hpp"
+#include "qflash/kernels/causal_conv1d/ref.hpp"
+#include "qflash/kernels/gated_delta/cpu.hpp"
+#include "qflash/kernels/gated_delta/ref.hpp"
+#include "qflash/kernels/gated_rmsnorm/cpu.hpp"
+#include "qflash/kernels/gated_rmsnorm/ref.hpp"
+#include "qflash/kernels/gdn_gates/cpu.hpp"
+#include "qflash/kernels/gdn_gates/ref.hpp"
+#include "qflash/kernels/qk_norm_rope/cpu.hpp"
+#include "qflash/kernels/qk_norm_rope/ref.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+using namespace qflash;
+using namespace qflash::kernels;
+using test::all_close;
+using test::Tolerance;
+using test::gpu::compiled;
+using test::gpu::runs_here;
+
+namespace {
+
+constexpr Tolerance kNorm{2e-5, 1e-5};
+constexpr Tolerance kGates{1e-6, 1e-6};
+// Against the fp64 reference, as the op harness allows: angles up to ~1e5 radians.
+constexpr Tolerance kRope{5e-4, 1e-5};
+// The delta rule's state carries rounding from token to token (the op harness allows the
+// CPU 5e-6 / 5e-5 against the fp64 reference over a few tokens; these run hundreds).
+constexpr Tolerance kDelta{5e-5, 2e-4};
+
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::vector<T> const& host) : n_(host.size()) {
+    QFLASH_TEST_CUDA(cudaMalloc(&p_, std::max<std::size_t>(n_, 1) * sizeof(T)));
+    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  DeviceArray(DeviceArray const&) = delete;
+  DeviceArray& operator=(DeviceArray const&) = delete;
+  ~DeviceArray() { cudaFree(p_); }
+  T* get() { return p_; }
+  std::vector<T> download() const {
+    std::vector<T> out(n_);
+    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_;
+};
+
+void synchronize() { QFLASH_TEST_CUDA(cudaDeviceSynchronize()); }
+
+template <MoeSpec S, class Tag>
+void check_gated_rmsnorm(std::int64_t rows, int cols, bool in_place) {
+  CAPTURE(rows);
+  CAPTURE(cols);
+  CAPTURE(in_place);
+  auto const x = test::random_floats(static_cast<std::size_t>(rows * cols), 31, -2, 2);
+  auto const z = test::random_floats(x.size(), 32, -6, 6);
+  auto const w = test::random_floats(static_cast<std::size_t>(cols), 33, 0.5f, 1.5f);
+  auto args = [&](float const* xp, float const* zp, float const* wp, float* yp) {
+    GatedRmsNormArgs a{};
+    a.x = xp, a.z = zp, a.weight = wp, a.y = yp, a.n_rows = rows, a.n_cols = cols, a.eps = 1e-6f;
+    return a;
+  };
+  std::vector<float> want(x.size()), cpu(x.size());
+  ref::gated_rmsnorm(args(x.data(), z.data(), w.data(), want.data()));
+  REQUIRE(launch_gated_rmsnorm<S>(arch::Cpu{}, args(x.data(), z.data(), w.data(), cpu.data())) == Status::kSuccess);
+  DeviceArray<float> dx(x), dz(z), dw(w), dy(std::vector<float>(x.size()));
+  float* const y = in_place ? dx.get() : dy.get();
+  REQUIRE(launch_gated_rmsnorm<S>(Tag{}, args(dx.get(), dz.get(), dw.get(), y), nullptr) == Status::kSuccess);
+  synchronize();
+  std::vector<float> const got = (in_place ? dx : dy).download();
+  auto const c = all_close<float, float>(got, cpu, kNorm);
+  CHECK_MESSAGE(c.ok, "GPU vs CPU twin: ", c.report);
+  auto const r = all_close<float, float>(got, want, kNorm);
+  CHECK_MESSAGE(r.ok, "GPU vs ref: ", r.report);
+}
+
+template <MoeSpec S, class Tag>
+void check_gdn_gates(std::int64_t tokens, int heads) {
+  CAPTURE(tokens);
+  CAPTURE(heads);
+  auto const b = test::random_floats(static_cast<std::size_t>(tokens * heads), 41, -8, 8);
+  auto const a = test::random_floats(b.size(), 42, -10, 30);  // both sides of softplus's x > 20
+  auto const dt_bias = test::random_floats(static_cast<std::size_t>(heads), 43, -1, 1);
+  auto const neg_a = test::random_floats(static_cast<std::size_t>(heads), 44, -2, -0.01f);
+  auto args = [&](float* beta, float* g, float const* dt, float const* na) {
+    GdnGatesArgs x{};
+    x.beta = beta, x.g = g, x.dt_bias = dt, x.neg_a = na, x.n_tokens = tokens, x.n_head_v = heads;
+    return x;
+  };
+  auto beta_ref = b, g_ref = a, beta_cpu = b, g_cpu = a;
+  ref::gdn_gates(args(beta_ref.data(), g_ref.data(), dt_bias.data(), neg_a.data()));
+  REQUIRE(launch_gdn_gates<S>(arch::Cpu{}, args(beta_cpu.data(), g_cpu.data(), dt_bias.data(), neg_a.data())) ==
+          Status::kSuccess);
+  DeviceArray<float> beta(b), g(a), dt(dt_bias), na(neg_a);
+  REQUIRE(launch_gdn_gates<S>(Tag{}, args(beta.get(), g.get(), dt.get(), na.get()), nullptr) == Status::kSuccess);
+  synchronize();
+  for (auto const& [got, cpu, want] : {std::tuple{beta.download(), beta_cpu, beta_ref}, std::tuple{g.download(), g_cpu, g_ref}}) {
+    auto const c = all_close<float, float>(got, cpu, kGates);
+    CHECK_MESSAGE(c.ok, "GPU vs CPU twin: ", c.report);
+    auto const r = all_close<float, float>(got, want, kGates);
+    CHECK_MESSAGE(r.ok, "GPU vs ref: ", r.report);
+  }
+}
+
+struct RopeCase {
+  std::int64_t tokens;
+  int heads, d, rotary_dim;
+  bool strided;  ///< heads 2d apart, as q inside qwen3_5_moe's [query | gate] rows
+  NormWeight weight_kind;
+  bool in_place;
+};
+
+template <MoeSpec S, class Tag>
+void check_qk_norm_rope(RopeCase const& k) {
+  CAPTURE(k.tokens);
+  CAPTURE(k.heads);
+  CAPTURE(k.d);
+  CAPTURE(k.rotary_dim);
+  CAPTURE(k.strided);
+  CAPTURE(k.in_place);
+  std::int64_t const hs = k.strided ? 2 * k.d : k.d;
+  auto const x = test::random_floats(static_cast<std::size_t>(k.tokens * k.heads * hs), 51, -3, 3);
+  auto const w = test::random_floats(static_cast<std::size_t>(k.d), 52, -0.5f, 0.5f);
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(k.tokens));
+  for (std::size_t t = 0; t < positions.size(); ++t) positions[t] = static_cast<std::int64_t>(t * 997 % 100000);
+  auto args = [&](float const* xp, float const* wp, float* yp, std::int64_t const* pos) {
+    QkNormRopeArgs a{};
+    a.x = xp, a.head_stride = hs, a.weight = wp, a.y = yp, a.positions = pos, a.n_tokens = k.tokens;
+    a.n_head = k.heads, a.d_head = k.d, a.rotary_dim = k.rotary_dim, a.theta = 10000000.0f, a.eps = 1e-6f;
+    a.weight_kind = k.weight_kind;
+    return a;
+  };
+  std::size_t const out = static_cast<std::size_t>(k.tokens * k.heads * k.d);
+  std::vector<float> want(out), cpu(out);
+  ref::qk_norm_rope(args(x.data(), w.data(), want.data(), positions.data()));
+  REQUIRE(launch_qk_norm_rope<S>(arch::Cpu{}, args(x.data(), w.data(), cpu.data(), positions.data())) ==
+          Status::kSuccess);
+  DeviceArray<float> dx(x), dw(w), dy{std::vector<float>(out)};
+  DeviceArray<std::int64_t> dpos(positions);
+  float* const y = k.in_place ? dx.get() : dy.get();
+  REQUIRE(launch_qk_norm_rope<S>(Tag{}, args(dx.get(), dw.get(), y, dpos.get()), nullptr) == Status::kSuccess);
+  synchronize();
+  std::vector<float> got = (k.in_place ? dx : dy).download();
+  got.resize(out);
+  auto const c = all_close<float, float>(got, cpu, kNorm);  // the same fp32 angles
+  CHECK_MESSAGE(c.ok, "GPU vs CPU twin: ", c.report);
+  auto const r = all_close<float, float>(got, want, kRope);
+  CHECK_MESSAGE(r.ok, "GPU vs ref: ", r.report);
+}
+
+/// A sequence of `runs` tokens in order, conv'd call by call from a random state; y and the
+/// final state against the CPU's and the reference's.
+template <MoeSpec S, class Tag>
+void check_causal_conv1d(int channels, int d_conv, std::vector<std::int64_t> const& runs, bool silu) {
+  CAPTURE(channels);
+  CAPTURE(d_conv);
+  CAPTURE(runs.size());
+  CAPTURE(silu);
+  std::int64_t n = 0;
+  for (auto r : runs) n += r;
+  auto const x = test::random_floats(static_cast<std::size_t>(n * channels), 61, -2, 2);
+  auto const w = test::random_floats(static_cast<std::size_t>(channels * d_conv), 62, -1, 1);
+  auto const state0 = test::random_floats(static_cast<std::size_t>(channels * (d_conv - 1)), 63, -2, 2);
+  auto args = [&](float const* xp, float const* wp, float* st, float* yp, std::int64_t tokens) {
+    CausalConv1dArgs a{};
+    a.x = xp, a.weight = wp, a.state = d_conv > 1 ? st : nullptr, a.y = yp, a.n_tokens = tokens;
+    a.n_channels = channels, a.d_conv = d_conv, a.apply_silu = silu;
+    return a;
+  };
+  std::vector<float> want(x.size()), cpu(x.size());
+  auto state_ref = state0, state_cpu = state0;
+  DeviceArray<float> dx(x), dw(w), dstate(state0), dy(std::vector<float>(x.size()));
+  std::int64_t t0 = 0;
+  for (std::int64_t len : runs) {
+    std::int64_t const off = t0 * channels;
+    ref::causal_conv1d(args(x.data() + off, w.data(), state_ref.data(), want.data() + off, len));
+    REQUIRE(launch_causal_conv1d<S>(arch::Cpu{}, args(x.data() + off, w.data(), state_cpu.data(), cpu.data() + off, len)) ==
+            Status::kSuccess);
+    REQUIRE(launch_causal_conv1d<S>(Tag{}, args(dx.get() + off, dw.get(), dstate.get(), dy.get() + off, len), nullptr) ==
+            Status::kSuccess);
+    t0 += len;
+  }
+  synchronize();
+  for (auto const& [got, cpu_out, want_out] :
+       {std::tuple{dy.download(), cpu, want}, std::tuple{dstate.download(), state_cpu, state_ref}}) {
+    auto const c = all_close<float, float>(got, cpu_out, kNorm);
+    CHECK_MESSAGE(c.ok, "GPU vs CPU twin: ", c.report);
+    auto const r = all_close<float, float>(got, want_out, kNorm);
+    CHECK_MESSAGE(r.ok, "GPU vs ref: ", r.report);
+  }
+}
+
+struct DeltaCase {
+  int n_head_k, n_head_v, d_k, d_v;
+  std::vector<std::int64_t> runs;  ///< tokens per call
+  bool tiled;                      ///< value head j reads q/k head j % n_head_k
+  bool strided;                    ///< q, k, v inside one [q | k | v] row per token
+};
+
+template <MoeSpec S, class Tag>
+void check_gated_delta(DeltaCase const& c) {
+  CAPTURE(c.n_head_k);
+  CAPTURE(c.n_head_v);
+  CAPTURE(c.d_k);
+  CAPTURE(c.d_v);
+  CAPTURE(c.runs.size());
+  CAPTURE(c.tiled);
+  CAPTURE(c.strided);
+  std::int64_t n = 0;
+  for (auto r : c.runs) n += r;
+  std::int64_t const qk = std::int64_t{c.n_head_k} * c.d_k, vw = std::int64_t{c.n_head_v} * c.d_v;
+  std::int64_t const row = c.strided ? 2 * qk + vw : 0;  // floats per token of the shared row
+  std::vector<float> q, k, v;
+  std::vector<float> qkv;
+  if (c.strided) {
+    qkv = test::random_floats(static_cast<std::size_t>(n * row), 71, -1, 1);
+  } else {
+    q = test::random_floats(static_cast<std::size_t>(n * qk), 72, -1, 1);
+    k = test::random_floats(static_cast<std::size_t>(n * qk), 73, -1, 1);
+    v = test::random_floats(static_cast<std::size_t>(n * vw), 74, -1, 1);
+  }
+  auto const g = test::random_floats(static_cast<std::size_t>(n * c.n_head_v), 75, -2.0f, -0.001f);
+  auto const beta = test::random_floats(g.size(), 76, 0.0f, 1.0f);
+  auto const state0 = test::random_floats(static_cast<std::size_t>(c.n_head_v * c.d_k * c.d_v), 77, -0.5f, 0.5f);
+  // Host and device operands: a base pointer per operand, offset per call below.
+  struct Ops {
+    float const *q, *k, *v, *g, *beta;
+    float *state, *out;
+  };
+  auto args = [&](Ops o, std::int64_t t0, std::int64_t len, DeltaRuleForm form) {
+    GatedDeltaArgs a{};
+    std::int64_t const qs = c.strided ? row : qk, vs = c.strided ? row : vw;
+    a.q = o.q + t0 * qs, a.k = o.k + t0 * qs, a.v = o.v + t0 * vs;
+    a.g = o.g + t0 * c.n_head_v, a.beta = o.beta + t0 * c.n_head_v;
+    a.state = o.state, a.out = o.out + t0 * vw, a.n_tokens = len;
+    a.n_head_k = c.n_head_k, a.n_head_v = c.n_head_v, a.d_k = c.d_k, a.d_v = c.d_v;
+    a.q_stride = c.strided ? row : 0, a.k_stride = a.q_stride, a.v_stride = a.q_stride;
+    a.tiled_value_heads = c.tiled, a.form = form;
+    return a;
+  };
+  auto host_ops = [&](std::vector<float>& state, std::vector<float>& out) {
+    if (c.strided) return Ops{qkv.data(), qkv.data() + qk, qkv.data() + 2 * qk, g.data(), beta.data(), state.data(), out.data()};
+    return Ops{q.data(), k.data(), v.data(), g.data(), beta.data(), state.data(), out.data()};
+  };
+  std::size_t const out_n = static_cast<std::size_t>(n * vw);
+  std::vector<float> want(out_n), rec(out_n), chunk(out_n);
+  auto state_ref = state0, state_rec = state0, state_chunk = state0;
+  DeviceArray<float> dq(c.strided ? qkv : q), dk(k), dv(v), dg(g), dbeta(beta), dstate(state0),
+      dout{std::vector<float>(out_n)};
+  Ops const dev = c.strided ? Ops{dq.get(), dq.get() + qk, dq.get() + 2 * qk, dg.get(), dbeta.get(), dstate.get(), dout.get()}
+                            : Ops{dq.get(), dk.get(), dv.get(), dg.get(), dbeta.get(), dstate.get(), dout.get()};
+  std::int64_t t0 = 0;
+  for (std::int64_t len : c.runs) {
+    ref::gated_delta(args(host_ops(state_ref, want), t0, len, DeltaRuleForm::kRecurrent));
+    REQUIRE(launch_gated_delta<S>(arch::Cpu{}, args(host_ops(state_rec, rec), t0, len, DeltaRuleForm::kRecurrent)) ==
+            Status::kSuccess);
+    REQUIRE(launch_gated_delta<S>(arch::Cpu{}, args(host_ops(state_chunk, chunk), t0, len, DeltaRuleForm::kChunked)) ==
+            Status::kSuccess);
+    REQUIRE(launch_gated_delta<S>(Tag{}, args(dev, t0, len, DeltaRuleForm::kChunked), nullptr) == Status::kSuccess);
+    t0 += len;
+  }
+  synchronize();
+  std::vector<float> const got = dout.download(), got_state = dstate.download();
+  for (auto const& [name, cpu_out, cpu_state] :
+       {std::tuple{"CPU recurrent", rec, state_rec}, std::tuple{"CPU chunked", chunk, state_chunk},
+        std::tuple{"ref", want, state_ref}}) {
+    auto const o = all_close<float, float>(got, cpu_out, kDelta);
+    CHECK_MESSAGE(o.ok, "GPU vs ", name, " (outputs): ", o.report);
+    auto const st = all_close<float, float>(got_state, cpu_state, kDelta);
+    CHECK_MESSAGE(st.ok, "GPU vs ", name, " (state): ", st.report);
+  }
+}
+
+template <class Tag, std::size_t I>
+void check_instance() {
+  constexpr MoeSpec S = instances::kSpecs[I];
+  CAPTURE(instances::kSpecNames[I]);
+  CAPTURE(Tag::name);
+  // Gated DeltaNet's ops: only specs with linear-attention layers (or dynamic ones).
+  if constexpr (S.d_head_v_linear != 0) {
+    std::vector<int> const widths = S.d_head_v_linear != kDynamic ? std::vector<int>{S.d_head_v_linear}
+                                                                   : std::vector<int>{128, 33, 1000};
+    for (int cols : widths)
+      for (std::int64_t rows : {std::int64_t{1}, std::int64_t{7}, std::int64_t{300}}) check_gated_rmsnorm<S, Tag>(rows, cols, false);
+    check_gated_rmsnorm<S, Tag>(5, widths.front(), true);
+    check_gated_rmsnorm<S, Tag>(600000, widths.front(), false);  // past the grid cap: rows loop
+    std::vector<int> const heads = S.n_head_v_linear != kDynamic ? std::vector<int>{S.n_head_v_linear}
+                                                                  : std::vector<int>{32, 5};
+    for (int h : heads)
+      for (std::int64_t t : {std::int64_t{1}, std::int64_t{17}, std::int64_t{600000}}) check_gdn_gates<S, Tag>(t, h);
+    // The conv's channels: q, k and v of every linear-attention head.
+    int const channels = S.d_head_v_linear != kDynamic
+                             ? 2 * S.n_head_k_linear * S.d_head_k_linear + S.n_head_v_linear * S.d_head_v_linear
+                             : 8192;
+    std::vector<int> const widths_conv = S.d_conv != kDynamic ? std::vector<int>{S.d_conv} : std::vector<int>{4, 1, 2, 7};
+    for (int k : widths_conv) {
+      check_causal_conv1d<S, Tag>(channels, k, {1, 1, 5, 300, 1, 2}, true);  // decode and prefill calls
+      check_causal_conv1d<S, Tag>(channels, k, {3, 40}, false);
+    }
+    if constexpr (S.d_conv == kDynamic) check_causal_conv1d<S, Tag>(8192, 4, {2100}, true);  // past the grid cap
+    if constexpr (S.d_head_k_linear != kDynamic) {
+      for (bool strided : {false, true})
+        check_gated_delta<S, Tag>({S.n_head_k_linear, S.n_head_v_linear, S.d_head_k_linear, S.d_head_v_linear,
+                                   {1, 1, 64, 3, 1}, false, strided});
+    } else {
+      // Qwen3.6's heads, then odd widths (partial warps and column blocks), one head pair.
+      for (bool tiled : {false, true})
+        check_gated_delta<S, Tag>({16, 32, 128, 128, {1, 1, 130, 1}, tiled, true});
+      check_gated_delta<S, Tag>({2, 6, 40, 70, {5, 1, 33}, false, false});
+      check_gated_delta<S, Tag>({1, 1, 256, 16, {200}, false, false});
+      check_gated_delta<S, Tag>({1, 1, 17, 33, {1, 2, 3}, true, false});
+    }
+  }
+  std::vector<int> const dims = S.d_head != kDynamic ? std::vector<int>{S.d_head} : std::vector<int>{256, 128, 40};
+  int const heads = S.n_head != kDynamic ? S.n_head : 4;
+  for (int d : dims)
+    for (int rotary : {d / 4 / 2 * 2, d, 0})
+      for (NormWeight kind : {NormWeight::kZeroCentered, NormWeight::kPlain}) {
+        check_qk_norm_rope<S, Tag>({3, heads, d, rotary, true, kind, false});
+        check_qk_norm_rope<S, Tag>({33, heads, d, rotary, false, kind, true});
+      }
+  check_qk_norm_rope<S, Tag>({300000, 2, dims.front(), dims.front() / 2, false, NormWeight::kPlain, false});
+}
+
+template <class Tag>
+void check_arch() {
+  if constexpr (compiled<Tag>()) {
+    if (!runs_here<Tag>()) {
+      MESSAGE(Tag::name, " does not run on this device: not checked here");
+      return;
+    }
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (check_instance<Tag, I>(), ...);
+    }(std::make_index_sequence<instances::kSpecs.size()>{});
+  } else {
+    MESSAGE(Tag::name, " is not compiled in this build (QFLASH_CUDA_ARCHS)");
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("the layers' smaller ops: sm80 instances match the CPU") { check_arch<arch::Sm80>(); }
+  TEST_CASE("the layers' smaller ops: sm90a instances match the CPU") { check_arch<arch::Sm90a>(); }
+}

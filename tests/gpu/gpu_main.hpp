@@ -1,6 +1,6 @@
 /// @file
-/// What every GPU test shares: the device it runs on, a check for CUDA calls, whether an arch
-/// was compiled, and its main(), which exits 77 (ctest: Skipped) when there is no CUDA device
+/// What every GPU test shares: the device it runs on, a check for CUDA calls, device arrays,
+/// whether an arch was compiled, and its main(), which exits 77 (ctest: Skipped) when there is no CUDA device
 /// or no compiled arch runs on it. Include it once per test executable, first.
 #pragma once
 
@@ -10,11 +10,19 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "qflash/arch/select.hpp"
 #include "qflash/generated/instances.hpp"
+
+#define QFLASH_TEST_CUDA(expr)                                              \
+  do {                                                                      \
+    cudaError_t const e_ = (expr);                                          \
+    REQUIRE_MESSAGE(e_ == cudaSuccess, #expr ": ", cudaGetErrorString(e_)); \
+  } while (0)
 
 namespace qflash::test::gpu {
 
@@ -37,13 +45,34 @@ bool runs_here() {
   return arch::can_run(Tag::id, g_device.major, g_device.minor);
 }
 
-}  // namespace qflash::test::gpu
+/// Device memory for n elements of T: zeros, or a copy of host data.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t n) : n_(n) {
+    QFLASH_TEST_CUDA(cudaMalloc(&p_, std::max<std::size_t>(n_, 1) * sizeof(T)));
+    QFLASH_TEST_CUDA(cudaMemset(p_, 0, std::max<std::size_t>(n_, 1) * sizeof(T)));
+  }
+  explicit DeviceArray(std::vector<T> const& host) : DeviceArray(host.size()) { upload(host.data()); }
+  DeviceArray(DeviceArray const&) = delete;
+  DeviceArray& operator=(DeviceArray const&) = delete;
+  ~DeviceArray() { cudaFree(p_); }
+  T* get() { return p_; }
+  void upload(T const* host) {
+    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(p_, host, n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> out(n_);
+    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
 
-#define QFLASH_TEST_CUDA(expr)                                              \
-  do {                                                                      \
-    cudaError_t const e_ = (expr);                                          \
-    REQUIRE_MESSAGE(e_ == cudaSuccess, #expr ": ", cudaGetErrorString(e_)); \
-  } while (0)
+ private:
+  T* p_ = nullptr;
+  std::size_t n_;
+};
+
+}  // namespace qflash::test::gpu
 
 int main(int argc, char** argv) {
   using qflash::test::gpu::g_device;

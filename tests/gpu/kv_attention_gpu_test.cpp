@@ -28,36 +28,13 @@ using namespace qflash::kernels;
 using test::all_close;
 using test::Tolerance;
 using test::gpu::compiled;
+using test::gpu::DeviceArray;
 using test::gpu::g_device;
 using test::gpu::runs_here;
 
 namespace {
 
 constexpr Tolerance kDot{2e-5, 1e-5};
-
-/// Device memory holding a copy of host bytes.
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(std::size_t n) : n_(n) { QFLASH_TEST_CUDA(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T))); }
-  explicit DeviceArray(std::vector<T> const& host) : DeviceArray(host.size()) { upload(host.data()); }
-  DeviceArray(DeviceArray const&) = delete;
-  DeviceArray& operator=(DeviceArray const&) = delete;
-  ~DeviceArray() { cudaFree(p_); }
-  T* get() { return p_; }
-  void upload(T const* host) {
-    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(p_, host, n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> out(n_);
-    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return out;
-  }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_;
-};
 
 /// A host paged cache mirrored on the device: its arena and block table copied over, the
 /// head layouts left on the host (the CUDA launchers' convention).
@@ -73,7 +50,6 @@ class DeviceCache {
     v.block_table = table_.get();
     return v;
   }
-  std::vector<std::uint8_t> arena() const { return arena_.download(); }
   static std::int64_t arena_bytes(kv::KvView const& v) {
     std::int32_t const last = v.n_blocks ? *std::max_element(v.block_table, v.block_table + v.n_blocks) : 0;
     return (last + 1) * v.block_bytes;
@@ -194,7 +170,7 @@ void check_append(int n_kv, int d, std::vector<std::int64_t> const& runs, std::v
   kv::KvView const cv = cpu.pool().view(0, table);
   std::memset(cv.base, 0, static_cast<std::size_t>(DeviceCache::arena_bytes(cv)));
 
-  DeviceArray<std::uint8_t> arena(std::vector<std::uint8_t>(static_cast<std::size_t>(DeviceCache::arena_bytes(cv)), 0));
+  DeviceArray<std::uint8_t> arena(static_cast<std::size_t>(DeviceCache::arena_bytes(cv)));
   DeviceArray<std::int32_t> dtable(table);
   DeviceArray<float> dk(k), dv(v);
   kv::KvView gv = cv;

@@ -1,13 +1,16 @@
-// The layers' smaller ops on CUDA (gated_rmsnorm, gdn_gates, qk_norm_rope, causal_conv1d,
-// gated_delta):
+// The model's smaller ops on CUDA (gated_rmsnorm, gdn_gates, qk_norm_rope, causal_conv1d,
+// gated_delta, router_topk, embedding):
 // every compiled instance (spec x arch) this device runs, against the CPU twins and the fp64
 // references, over the spec's shapes (or several when they are dynamic), rows past the grid
 // cap, y over x, strided heads, partial and full rotation, both norm-weight kinds, and a
 // sequence conv'd (and run through the delta rule) in several calls through its state, q/k/v
-// read straight out of the conv output, both value-head orders. Tolerances: fp32 sums in another order
+// read straight out of the conv output, both value-head orders, every routing policy (also
+// per token) with the shared-expert gate, every weight format of the embedding table and an
+// id outside it. Tolerances: fp32 sums in another order
 // (and fused multiply-adds) and the device's expf/log1pf (within 2 ulp) against the CPU's.
 #include "gpu/gpu_main.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -23,6 +26,10 @@
 #include "qflash/kernels/gdn_gates/ref.hpp"
 #include "qflash/kernels/qk_norm_rope/cpu.hpp"
 #include "qflash/kernels/qk_norm_rope/ref.hpp"
+#include "qflash/kernels/embedding/cpu.hpp"
+#include "qflash/kernels/router_topk/cpu.hpp"
+#include "qflash/kernels/router_topk/ref.hpp"
+#include "qflash/numeric/weight_encode.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -31,6 +38,7 @@ using namespace qflash::kernels;
 using test::all_close;
 using test::Tolerance;
 using test::gpu::compiled;
+using test::gpu::DeviceArray;
 using test::gpu::runs_here;
 
 namespace {
@@ -42,28 +50,6 @@ constexpr Tolerance kRope{5e-4, 1e-5};
 // The delta rule's state carries rounding from token to token (the op harness allows the
 // CPU 5e-6 / 5e-5 against the fp64 reference over a few tokens; these run hundreds).
 constexpr Tolerance kDelta{5e-5, 2e-4};
-
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(std::vector<T> const& host) : n_(host.size()) {
-    QFLASH_TEST_CUDA(cudaMalloc(&p_, std::max<std::size_t>(n_, 1) * sizeof(T)));
-    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  DeviceArray(DeviceArray const&) = delete;
-  DeviceArray& operator=(DeviceArray const&) = delete;
-  ~DeviceArray() { cudaFree(p_); }
-  T* get() { return p_; }
-  std::vector<T> download() const {
-    std::vector<T> out(n_);
-    if (n_) QFLASH_TEST_CUDA(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return out;
-  }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_;
-};
 
 void synchronize() { QFLASH_TEST_CUDA(cudaDeviceSynchronize()); }
 
@@ -83,7 +69,7 @@ void check_gated_rmsnorm(std::int64_t rows, int cols, bool in_place) {
   std::vector<float> want(x.size()), cpu(x.size());
   ref::gated_rmsnorm(args(x.data(), z.data(), w.data(), want.data()));
   REQUIRE(launch_gated_rmsnorm<S>(arch::Cpu{}, args(x.data(), z.data(), w.data(), cpu.data())) == Status::kSuccess);
-  DeviceArray<float> dx(x), dz(z), dw(w), dy(std::vector<float>(x.size()));
+  DeviceArray<float> dx(x), dz(z), dw(w), dy(x.size());
   float* const y = in_place ? dx.get() : dy.get();
   REQUIRE(launch_gated_rmsnorm<S>(Tag{}, args(dx.get(), dz.get(), dw.get(), y), nullptr) == Status::kSuccess);
   synchronize();
@@ -155,7 +141,7 @@ void check_qk_norm_rope(RopeCase const& k) {
   ref::qk_norm_rope(args(x.data(), w.data(), want.data(), positions.data()));
   REQUIRE(launch_qk_norm_rope<S>(arch::Cpu{}, args(x.data(), w.data(), cpu.data(), positions.data())) ==
           Status::kSuccess);
-  DeviceArray<float> dx(x), dw(w), dy{std::vector<float>(out)};
+  DeviceArray<float> dx(x), dw(w), dy(out);
   DeviceArray<std::int64_t> dpos(positions);
   float* const y = k.in_place ? dx.get() : dy.get();
   REQUIRE(launch_qk_norm_rope<S>(Tag{}, args(dx.get(), dw.get(), y, dpos.get()), nullptr) == Status::kSuccess);
@@ -189,7 +175,7 @@ void check_causal_conv1d(int channels, int d_conv, std::vector<std::int64_t> con
   };
   std::vector<float> want(x.size()), cpu(x.size());
   auto state_ref = state0, state_cpu = state0;
-  DeviceArray<float> dx(x), dw(w), dstate(state0), dy(std::vector<float>(x.size()));
+  DeviceArray<float> dx(x), dw(w), dstate(state0), dy(x.size());
   std::int64_t t0 = 0;
   for (std::int64_t len : runs) {
     std::int64_t const off = t0 * channels;
@@ -266,7 +252,7 @@ void check_gated_delta(DeltaCase const& c) {
   std::vector<float> want(out_n), rec(out_n), chunk(out_n);
   auto state_ref = state0, state_rec = state0, state_chunk = state0;
   DeviceArray<float> dq(c.strided ? qkv : q), dk(k), dv(v), dg(g), dbeta(beta), dstate(state0),
-      dout{std::vector<float>(out_n)};
+      dout(out_n);
   Ops const dev = c.strided ? Ops{dq.get(), dq.get() + qk, dq.get() + 2 * qk, dg.get(), dbeta.get(), dstate.get(), dout.get()}
                             : Ops{dq.get(), dk.get(), dv.get(), dg.get(), dbeta.get(), dstate.get(), dout.get()};
   std::int64_t t0 = 0;
@@ -289,6 +275,85 @@ void check_gated_delta(DeltaCase const& c) {
     auto const st = all_close<float, float>(got_state, cpu_state, kDelta);
     CHECK_MESSAGE(st.ok, "GPU vs ", name, " (state): ", st.report);
   }
+}
+
+/// Routing of `tokens` tokens over n experts into k slots under `policy` (and, when
+/// per_token, a policy per token cycling through three): experts equal the CPU's, weights and
+/// the shared gate within fp32 rounding.
+template <MoeSpec S, class Tag>
+void check_router(std::int64_t tokens, int n, int k, RoutingPolicy policy, bool per_token) {
+  CAPTURE(tokens);
+  CAPTURE(n);
+  CAPTURE(k);
+  CAPTURE(static_cast<int>(policy.kind));
+  CAPTURE(per_token);
+  std::int64_t const stride = n + 1;  // the router's GEMV rows, then the shared-expert gate
+  auto const logits = test::random_floats(static_cast<std::size_t>(tokens * stride), 81, -4, 4);
+  std::vector<RoutingPolicy> policies;
+  if (per_token) {
+    RoutingPolicy const choices[] = {{}, {RoutingPolicy::Kind::kTopP, 0.6f, 0.0f, 2, 0},
+                                     {RoutingPolicy::Kind::kThreshold, 1.0f, 0.05f, 1, k - 1 > 0 ? k - 1 : 1}};
+    for (std::int64_t t = 0; t < tokens; ++t) policies.push_back(choices[t % 3]);
+  }
+  auto args = [&](float const* l, std::int32_t* e, float* w, float* shared, RoutingPolicy const* per) {
+    RouterTopkArgs a{};
+    a.logits = l, a.logits_stride = stride, a.experts = e, a.weights = w, a.n_tokens = tokens;
+    a.n_expert = n, a.n_expert_used = k, a.policy = policy, a.token_policies = per, a.shared_weights = shared;
+    return a;
+  };
+  std::size_t const slots = static_cast<std::size_t>(tokens * k);
+  std::vector<std::int32_t> e_cpu(slots);
+  std::vector<float> w_cpu(slots), shared_cpu(static_cast<std::size_t>(tokens));
+  REQUIRE(launch_router_topk<S>(arch::Cpu{}, args(logits.data(), e_cpu.data(), w_cpu.data(), shared_cpu.data(),
+                                                  per_token ? policies.data() : nullptr)) == Status::kSuccess);
+  DeviceArray<float> dl(logits), dw(slots), dshared(shared_cpu.size());
+  DeviceArray<std::int32_t> de(slots);
+  DeviceArray<RoutingPolicy> dpol(policies);
+  REQUIRE(launch_router_topk<S>(Tag{}, args(dl.get(), de.get(), dw.get(), dshared.get(), per_token ? dpol.get() : nullptr),
+                                nullptr) == Status::kSuccess);
+  synchronize();
+  CHECK(de.download() == e_cpu);
+  auto const w = all_close<float, float>(dw.download(), w_cpu, kGates);
+  CHECK_MESSAGE(w.ok, "weights, GPU vs CPU twin: ", w.report);
+  auto const g = all_close<float, float>(dshared.download(), shared_cpu, kGates);
+  CHECK_MESSAGE(g.ok, "shared-expert gate, GPU vs CPU twin: ", g.report);
+}
+
+/// Rows of a table in format f gathered by id, as the CPU gathers them; an id past the table
+/// gives NaN.
+template <MoeSpec S, class Tag>
+void check_embedding(WeightFormat f, int cols) {
+  CAPTURE(to_string(f));
+  CAPTURE(cols);
+  std::int64_t const vocab = 300;
+  auto const values = test::random_floats(static_cast<std::size_t>(vocab * cols), 91, -2, 2);
+  OwnedMatrix const m = encode_matrix(f, values.data(), vocab, cols);
+  std::vector<std::int32_t> const ids{0, 299, 7, 7, 150, 1, 298};
+  std::vector<float> cpu(ids.size() * static_cast<std::size_t>(cols));
+  EmbeddingArgs a{m.view, ids.data(), cpu.data(), static_cast<std::int64_t>(ids.size())};
+  REQUIRE(launch_embedding<S>(arch::Cpu{}, a) == Status::kSuccess);
+  DeviceArray<std::byte> table(m.bytes);
+  DeviceArray<float> scales(m.scales), y(cpu.size());
+  std::vector<std::int32_t> ids_bad = ids;
+  ids_bad.push_back(static_cast<std::int32_t>(vocab));
+  DeviceArray<std::int32_t> dids(ids_bad);
+  WeightView dv = m.view;
+  dv.data = table.get();
+  dv.scales = f == WeightFormat::kFp8E4m3 ? scales.get() : nullptr;
+  REQUIRE(launch_embedding<S>(Tag{}, EmbeddingArgs{dv, dids.get(), y.get(), static_cast<std::int64_t>(ids.size())}, nullptr) ==
+          Status::kSuccess);
+  synchronize();
+  auto const got = y.download();
+  // The row dequantizers are the CPU's; only fused multiply-adds may round differently.
+  auto const c = all_close<float, float>(got, cpu, Tolerance{1e-6, 1e-6});
+  CHECK_MESSAGE(c.ok, "GPU vs CPU twin: ", c.report);
+  DeviceArray<float> y_bad(cpu.size() + static_cast<std::size_t>(cols));
+  REQUIRE(launch_embedding<S>(Tag{}, EmbeddingArgs{dv, dids.get(), y_bad.get(), static_cast<std::int64_t>(ids_bad.size())},
+                              nullptr) == Status::kSuccess);
+  synchronize();
+  auto const bad = y_bad.download();
+  CHECK(std::isnan(bad[ids.size() * static_cast<std::size_t>(cols)]));
+  CHECK(std::isnan(bad.back()));
 }
 
 template <class Tag, std::size_t I>
@@ -340,6 +405,21 @@ void check_instance() {
         check_qk_norm_rope<S, Tag>({33, heads, d, rotary, false, kind, true});
       }
   check_qk_norm_rope<S, Tag>({300000, 2, dims.front(), dims.front() / 2, false, NormWeight::kPlain, false});
+
+  std::vector<std::pair<int, int>> const routes = S.n_expert != kDynamic
+                                                      ? std::vector<std::pair<int, int>>{{S.n_expert, S.n_expert_used}}
+                                                      : std::vector<std::pair<int, int>>{{256, 8}, {128, 8}, {40, 3}, {1000, 32}, {4, 4}};
+  for (auto [n, k] : routes) {
+    check_router<S, Tag>(37, n, k, {}, false);
+    check_router<S, Tag>(37, n, k, {RoutingPolicy::Kind::kTopP, 0.5f, 0.0f, 1, 0}, false);
+    check_router<S, Tag>(37, n, k, {}, true);
+  }
+  check_router<S, Tag>(600000, routes.front().first, routes.front().second, {}, false);  // past the grid cap
+
+  int const width = S.d_model != kDynamic ? static_cast<int>(S.d_model) : 512;
+  for (WeightFormat f : kAllWeightFormats)
+    if (row_fits(f, width) && (S.weights == WeightFormat::kAny || S.weights == f)) check_embedding<S, Tag>(f, width);
+  if constexpr (S.d_model == kDynamic) check_embedding<S, Tag>(WeightFormat::kInt4, 200);  // a short last group
 }
 
 template <class Tag>

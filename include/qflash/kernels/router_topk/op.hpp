@@ -67,25 +67,40 @@ struct RouterTopkArgs {
   float* shared_weights = nullptr;  // [n_tokens] sigmoid of logits column n_expert; null: none
 };
 
+/// Checks everything but the per-token policies (which a CUDA launch cannot read on the host).
 template <MoeSpec S>
-[[nodiscard]] constexpr Status can_implement_router_topk(RouterTopkArgs const& a) {
+[[nodiscard]] constexpr Status can_implement_router_topk_shape(RouterTopkArgs const& a) {
   if (!a.logits || !a.experts || !a.weights || a.n_tokens < 0 || a.n_expert <= 0 ||
       a.n_expert_used <= 0 || a.n_expert_used > a.n_expert || a.logits_stride < 0 || !valid(a.policy) ||
       (a.logits_stride && a.logits_stride < a.n_expert + (a.shared_weights ? 1 : 0)) ||
       (a.shared_weights && !a.logits_stride))
     return Status::kErrorInvalidProblem;
-  if (a.token_policies)
-    for (std::int64_t t = 0; t < a.n_tokens; ++t)
-      if (!valid(a.token_policies[t])) return Status::kErrorInvalidProblem;
   // The slots per token are the run's routing; a static top-k is the fast path when they match.
   if (S.n_expert != kDynamic && a.n_expert != S.n_expert) return Status::kErrorInvalidProblem;
   return Status::kSuccess;
 }
 
+/// Checks arguments, the per-token policies included (host memory).
+template <MoeSpec S>
+[[nodiscard]] constexpr Status can_implement_router_topk(RouterTopkArgs const& a) {
+  if (Status s = can_implement_router_topk_shape<S>(a); s != Status::kSuccess) return s;
+  if (a.token_policies)
+    for (std::int64_t t = 0; t < a.n_tokens; ++t)
+      if (!valid(a.token_policies[t])) return Status::kErrorInvalidProblem;
+  return Status::kSuccess;
+}
+
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device pointers;
+/// per-token policies are not read on the host, so the caller checks them where it makes
+/// them, as model::check_routing does; at most 32 route slots).
 template <MoeSpec S>
 Status launch_router_topk(arch::Cpu, RouterTopkArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_router_topk(arch::Sm80, RouterTopkArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_router_topk(arch::Sm90a, RouterTopkArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_router_topk(Arch, RouterTopkArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/router_topk: no implementation for this arch");
   return Status::kErrorArchMismatch;

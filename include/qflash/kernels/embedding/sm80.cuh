@@ -1,0 +1,16 @@
+/// @file
+/// Token embedding lookup for sm_80 (A100 class; newer GPUs run it through its PTX).
+/// Included only by the generated instance TUs `embedding_<spec>_sm80.cu`; consumers include
+/// op.hpp and link the instances.
+#pragma once
+
+#include "qflash/kernels/embedding/device.cuh"
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_embedding(arch::Sm80, EmbeddingArgs const& args, stream_t stream) {
+  return embedding_cuda::launch<arch::Sm80, S>(args, stream);
+}
+
+}  // namespace qflash::kernels

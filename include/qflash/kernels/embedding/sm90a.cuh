@@ -1,0 +1,15 @@
+/// @file
+/// Token embedding lookup for sm_90a (H100/H200): device.cuh's kernel with the Sm90a tag (own symbols).
+/// Included only by the generated instance TUs `embedding_<spec>_sm90a.cu`.
+#pragma once
+
+#include "qflash/kernels/embedding/device.cuh"
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_embedding(arch::Sm90a, EmbeddingArgs const& args, stream_t stream) {
+  return embedding_cuda::launch<arch::Sm90a, S>(args, stream);
+}
+
+}  // namespace qflash::kernels

@@ -61,12 +61,16 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
-/// Launchers, one overload per arch tag with an implementation (cpu.hpp); any other arch
-/// stops the build here with the op's name.
+/// Launchers, one overload per arch tag with an implementation: cpu.hpp, and sm80.cuh /
+/// sm90a.cuh (device pointers); any other arch stops the build here with the op's name.
 template <MoeSpec S>
 Status launch_linear(arch::Cpu, LinearArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_linear(arch::Sm80, LinearArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_linear(arch::Sm90a, LinearArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_linear(Arch, LinearArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/linear: no implementation for this arch");
   return Status::kErrorArchMismatch;

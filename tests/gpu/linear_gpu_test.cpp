@@ -1,0 +1,110 @@
+// linear on CUDA: every compiled instance (spec x arch) this device runs, every weight format
+// the spec compiles, against the CPU twin and ref::linear: decode and prefill token counts,
+// aligned and unaligned rows (the vector and the scalar path), int4's short last group,
+// strided x and y, accumulate, and token tiles past the grid's. Tolerance: fp32 sums in
+// another order over the same decoded weights and rounded activations.
+#include "gpu/gpu_main.hpp"
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "qflash/kernels/linear/cpu.hpp"
+#include "qflash/kernels/linear/ref.hpp"
+#include "qflash/numeric/weight_encode.hpp"
+#include "support/random.hpp"
+#include "support/tolerance.hpp"
+
+using namespace qflash;
+using namespace qflash::kernels;
+using test::all_close;
+using test::Tolerance;
+using test::gpu::compiled;
+using test::gpu::DeviceArray;
+using test::gpu::runs_here;
+
+namespace {
+
+constexpr Tolerance kSum{2e-4, 1e-4};
+
+struct Case {
+  WeightFormat format;
+  std::int64_t rows, cols, tokens;
+  std::int64_t x_pad = 0;  ///< extra floats between tokens of x
+  std::int64_t y_pad = 0;  ///< ... of y
+  bool accumulate = false;
+};
+
+template <MoeSpec S, class Tag>
+void check_case(Case const& c) {
+  CAPTURE(to_string(c.format));
+  CAPTURE(c.rows);
+  CAPTURE(c.cols);
+  CAPTURE(c.tokens);
+  CAPTURE(c.x_pad);
+  CAPTURE(c.y_pad);
+  CAPTURE(c.accumulate);
+  auto const w = test::random_floats(static_cast<std::size_t>(c.rows * c.cols), 101, -1, 1);
+  OwnedMatrix const m = encode_matrix(c.format, w.data(), c.rows, c.cols);
+  std::int64_t const xs = c.cols + c.x_pad, ys = c.rows + c.y_pad;
+  auto const x = test::random_floats(static_cast<std::size_t>(c.tokens * xs), 102, -2, 2);
+  auto const y0 = test::random_floats(static_cast<std::size_t>(c.tokens * ys), 103, -1, 1);
+  auto args = [&](WeightView wv, float const* xp, float* yp) {
+    LinearArgs a{};
+    a.w = wv, a.x = xp, a.y = yp, a.n_tokens = c.tokens, a.x_stride = xs, a.y_stride = ys, a.accumulate = c.accumulate;
+    return a;
+  };
+  std::vector<float> want = y0, cpu = y0;
+  ref::linear(args(m.view, x.data(), want.data()));
+  REQUIRE(launch_linear<S>(arch::Cpu{}, args(m.view, x.data(), cpu.data())) == Status::kSuccess);
+  DeviceArray<std::byte> bytes(m.bytes);
+  DeviceArray<float> scales(m.scales), dx(x), dy(y0);
+  WeightView dw = m.view;
+  dw.data = bytes.get();
+  dw.scales = c.format == WeightFormat::kFp8E4m3 ? scales.get() : nullptr;
+  REQUIRE(launch_linear<S>(Tag{}, args(dw, dx.get(), dy.get()), nullptr) == Status::kSuccess);
+  QFLASH_TEST_CUDA(cudaDeviceSynchronize());
+  auto const got = dy.download();
+  auto const vs_cpu = all_close<float, float>(got, cpu, kSum);
+  CHECK_MESSAGE(vs_cpu.ok, "GPU vs CPU twin: ", vs_cpu.report);
+  auto const vs_ref = all_close<float, float>(got, want, kSum);
+  CHECK_MESSAGE(vs_ref.ok, "GPU vs ref: ", vs_ref.report);
+}
+
+template <class Tag, std::size_t I>
+void check_instance() {
+  constexpr MoeSpec S = instances::kSpecs[I];
+  CAPTURE(instances::kSpecNames[I]);
+  CAPTURE(Tag::name);
+  for (WeightFormat f : kAllWeightFormats) {
+    if (S.weights != WeightFormat::kAny && S.weights != f) continue;
+    for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{5}, std::int64_t{70}})
+      check_case<S, Tag>({f, 300, 512, tokens});
+    check_case<S, Tag>({f, 17, 1024, 3, 8, 5, true});  // strided, accumulate
+    if (row_fits(f, 200)) check_case<S, Tag>({f, 33, 200, 4, 3, 0, false});  // unaligned rows; int4's short group
+  }
+  if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32)
+    check_case<S, Tag>({WeightFormat::kF32, 8, 32, 300000});  // token tiles past the grid's
+}
+
+template <class Tag>
+void check_arch() {
+  if constexpr (compiled<Tag>()) {
+    if (!runs_here<Tag>()) {
+      MESSAGE(Tag::name, " does not run on this device: not checked here");
+      return;
+    }
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (check_instance<Tag, I>(), ...);
+    }(std::make_index_sequence<instances::kSpecs.size()>{});
+  } else {
+    MESSAGE(Tag::name, " is not compiled in this build (QFLASH_CUDA_ARCHS)");
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("linear sm80 instances match the CPU in every weight format") { check_arch<arch::Sm80>(); }
+  TEST_CASE("linear sm90a instances match the CPU in every weight format") { check_arch<arch::Sm90a>(); }
+}

@@ -1,6 +1,6 @@
 /// @file
 /// add + RMSNorm for sm_80 (A100 class; also runs on newer GPUs through the sm_80 build).
-/// Included only by the generated instance TUs `add_rmsnorm_<spec>_sm80.cu`, compiled for
+/// Included only by the generated instance TUs `cuda_<spec>_sm80.cu`, compiled for
 /// sm_80 alone; consumers include op.hpp and link the instances.
 #pragma once
 

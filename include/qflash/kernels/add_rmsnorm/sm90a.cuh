@@ -1,6 +1,6 @@
 /// @file
 /// add + RMSNorm for sm_90a (H100/H200). Included only by the generated instance TUs
-/// `add_rmsnorm_<spec>_sm90a.cu`, compiled for sm_90a alone. A bandwidth-bound row op gains
+/// `cuda_<spec>_sm90a.cu`, compiled for sm_90a alone. A bandwidth-bound row op gains
 /// nothing from wgmma or TMA, so the kernels are device.cuh's, instantiated with the Sm90a tag
 /// (own symbols, own policy: policy.hpp).
 #pragma once

@@ -1,6 +1,6 @@
 /// @file
 /// Attention over paged, compressed KV for sm_80 (A100 class; newer GPUs run it through its PTX).
-/// Included only by the generated instance TUs `attention_<spec>_sm80.cu`; consumers include
+/// Included only by the generated instance TUs `cuda_<spec>_sm80.cu`; consumers include
 /// op.hpp and link the instances.
 #pragma once
 

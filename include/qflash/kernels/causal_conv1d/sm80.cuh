@@ -1,6 +1,6 @@
 /// @file
 /// Causal depthwise conv1d with state for sm_80 (A100 class; newer GPUs run it through its PTX).
-/// Included only by the generated instance TUs `causal_conv1d_<spec>_sm80.cu`; consumers include
+/// Included only by the generated instance TUs `cuda_<spec>_sm80.cu`; consumers include
 /// op.hpp and link the instances.
 #pragma once
 

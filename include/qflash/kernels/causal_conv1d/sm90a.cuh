@@ -1,6 +1,6 @@
 /// @file
 /// Causal depthwise conv1d with state for sm_90a (H100/H200): device.cuh's kernels with the Sm90a tag (own symbols).
-/// Included only by the generated instance TUs `causal_conv1d_<spec>_sm90a.cu`.
+/// Included only by the generated instance TUs `cuda_<spec>_sm90a.cu`.
 #pragma once
 
 #include "qflash/kernels/causal_conv1d/device.cuh"

@@ -1,6 +1,6 @@
 /// @file
 /// The gated delta rule (recurrent form) for sm_80 (A100 class; newer GPUs run it through its PTX).
-/// Included only by the generated instance TUs `gated_delta_<spec>_sm80.cu`; consumers include
+/// Included only by the generated instance TUs `cuda_<spec>_sm80.cu`; consumers include
 /// op.hpp and link the instances.
 #pragma once
 

@@ -1,6 +1,6 @@
 /// @file
 /// The gated delta rule (recurrent form) for sm_90a (H100/H200): device.cuh's kernel with the Sm90a tag (own symbols).
-/// Included only by the generated instance TUs `gated_delta_<spec>_sm90a.cu`.
+/// Included only by the generated instance TUs `cuda_<spec>_sm90a.cu`.
 #pragma once
 
 #include "qflash/kernels/gated_delta/device.cuh"

@@ -1,6 +1,6 @@
 /// @file
 /// KV quantize-append for sm_90a (H100/H200): device.cuh's kernels with the Sm90a tag (own symbols).
-/// Included only by the generated instance TUs `kv_append_<spec>_sm90a.cu`.
+/// Included only by the generated instance TUs `cuda_<spec>_sm90a.cu`.
 #pragma once
 
 #include "qflash/kernels/kv_append/device.cuh"

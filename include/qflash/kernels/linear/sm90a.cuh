@@ -1,7 +1,7 @@
 /// @file
 /// Dense projection (plain GEMV/GEMM path) for sm_90a (H100/H200): device.cuh's kernels with the Sm90a tag (own symbols);
 /// wgmma/TMA paths are to come.
-/// Included only by the generated instance TUs `linear_<spec>_sm90a.cu`.
+/// Included only by the generated instance TUs `cuda_<spec>_sm90a.cu`.
 #pragma once
 
 #include "qflash/kernels/linear/device.cuh"

@@ -1,6 +1,6 @@
 /// @file
 /// Q/K head norm with partial RoPE for sm_80 (A100 class; newer GPUs run it through its PTX).
-/// Included only by the generated instance TUs `qk_norm_rope_<spec>_sm80.cu`; consumers include
+/// Included only by the generated instance TUs `cuda_<spec>_sm80.cu`; consumers include
 /// op.hpp and link the instances.
 #pragma once
 

@@ -1,6 +1,6 @@
 /// @file
 /// MoE routing (softmax, top-k, policy, renormalisation) for sm_80 (A100 class; newer GPUs run it through its PTX).
-/// Included only by the generated instance TUs `router_topk_<spec>_sm80.cu`; consumers include
+/// Included only by the generated instance TUs `cuda_<spec>_sm80.cu`; consumers include
 /// op.hpp and link the instances.
 #pragma once
 

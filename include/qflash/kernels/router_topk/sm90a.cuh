@@ -1,6 +1,6 @@
 /// @file
 /// MoE routing (softmax, top-k, policy, renormalisation) for sm_90a (H100/H200): device.cuh's kernel with the Sm90a tag (own symbols).
-/// Included only by the generated instance TUs `router_topk_<spec>_sm90a.cu`.
+/// Included only by the generated instance TUs `cuda_<spec>_sm90a.cu`.
 #pragma once
 
 #include "qflash/kernels/router_topk/device.cuh"

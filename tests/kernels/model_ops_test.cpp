@@ -48,7 +48,7 @@ QFLASH_TARGET_AVX2 void simd_eval(float const* x, float* exp_out, float* silu_ou
 #endif
 
 /// The levels with code of their own in these ops (kAvx512Bf16 runs kAvx512Vnni's; kAmx has
-/// linear's bf16 and q8_0 tiles), up to this CPU's.
+/// linear's AMX tiles), up to this CPU's.
 std::vector<arch::CpuIsa> isas_here() {
   std::vector<arch::CpuIsa> out;
   for (auto isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512, arch::CpuIsa::kAvx512Vnni,
@@ -61,8 +61,9 @@ std::vector<arch::CpuIsa> isas_here() {
 
 TEST_CASE("linear: every ISA path and weight format equals the reference") {
   // Shapes: odd sizes for the element formats, whole 32/256-blocks for the GGUF ones, a
-  // short last int4 group, fp8 tiles cut by the matrix edge; AMX (bf16 and q8_0, >= 8 tokens,
-  // whole 32-column chunks): one token tile, odd tile counts, rows past the last 16 and 32.
+  // short last int4 group, fp8 tiles cut by the matrix edge; AMX (bf16 and the integer
+  // formats, >= 8 tokens, whole 32-column chunks): one token tile, odd tile counts, rows past
+  // the last 16 and 32, short int4 groups.
   std::vector<std::array<int, 3>> const shapes{{1, 1, 1},     {1, 31, 7},    {3, 71, 33},  {5, 129, 64},
                                                {9, 256, 17},  {2, 512, 5},   {4, 96, 130}, {1, 768, 3},
                                                {40, 2048, 9},  // two token blocks (kTokenBlockBytes)
@@ -188,7 +189,7 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
   // Prefill runs several tokens per pass through a weight row, decode one: each (row, token)
   // sum is the same chain of operations either way, so a batch gives each token its one-token
   // result, bit for bit (what a serving engine needs for batched and single runs to agree).
-  // Exception: bf16 and q8_0 on AMX tiles from kAmxMinTokens tokens, within fp32 rounding (kDot).
+  // Exception: the formats on AMX tiles, from kAmxMinTokens tokens, within fp32 rounding (kDot).
   int const n_out = 19;  // rows over a few tiles
   for (int n_in : {512, 512 + 37})  // whole GGUF blocks; columns past a vector
   for (int n_tok : {2, 5, 11, 20})

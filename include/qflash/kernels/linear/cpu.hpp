@@ -10,9 +10,9 @@
 ///   q8_k as llama.cpp does; q8_0 pairs for int4), then integer dot products per block
 ///   (cpu_quant.hpp: AVX2; cpu_quant_avx512.hpp: AVX-512 VNNI): a few rows per pass for one
 ///   token, 4 tokens per pass through a row for several (two rows for q8_0 on AVX2).
-/// - bf16 and q8_0 with AMX (kAmx) and at least kAmxMinTokens tokens: AMX-BF16 tiles over the
-///   activations split into exact bf16 terms, AMX-INT8 tiles over their q8_0 blocks
-///   (cpu_amx.hpp); rows past the last 16 as above.
+/// - bf16, q8_0, q4_k, q6_k and int4 with AMX (kAmx) and at least kAmxMinTokens tokens and
+///   whole 32-column chunks: AMX-BF16 tiles over the activations split into exact bf16 terms,
+///   AMX-INT8 tiles over their 8-bit blocks (cpu_amx.hpp); rows past the last 16 as above.
 /// - fp8_e4m3: rows decoded to fp32 in registers (exactly as dequantize_row), 4 at a time,
 ///   once per call, then the float tiles for every token.
 /// Integer dot products take AVX-512 from kAvx512Vnni up (AVX2 below it), float tiles from
@@ -75,6 +75,12 @@ struct LinearRows {
   [[nodiscard]] std::byte const* xq_row(std::int64_t t) const { return xq + x_of(t) * xq_stride; }
 };
 
+/// True when instance format F (kAny: all) compiles the path of format f.
+template <WeightFormat F>
+constexpr bool compiles(WeightFormat f) {
+  return F == WeightFormat::kAny || F == f;
+}
+
 inline void store_dot(LinearRows const& p, std::int64_t t, std::int64_t o, float v) {
   float& out = p.y[(p.y_index ? p.y_index[t] : t) * p.ys + o];
   if (p.y_scale)
@@ -96,27 +102,48 @@ QFLASH_TARGET_AVX512 inline void store_dots16(LinearRows const& p, std::int64_t 
 }
 QFLASH_SIMD_END
 
-/// Rows [o0, o1) of a bf16 or q8_0 projection whose tokens p.amx holds, on AMX tiles as far
-/// as whole 16-row tiles go; returns the first row left.
-inline std::int64_t amx_linear_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  std::int64_t const rows = (o1 - o0) / kAmxRows * kAmxRows;
-  if (rows == 0) return o0;
-  auto store = [&](std::int64_t t, std::int64_t r, float const* v) { store_dots16(p, t, o0 + r, v); };
-  if (p.w.format == WeightFormat::kQ8_0)
-    amx_rows<AmxQ8Tiles>(p.w.row(o0), p.w.row_bytes(), rows, p.amx, p.n_tokens, store);
-  else
-    amx_rows<AmxBf16Tiles>(p.w.row(o0), p.w.row_bytes(), rows, p.amx, p.n_tokens, store);
+/// Rows [o0, o0 + rows) of p on AMX tiles of kind Tiles; returns the first row left.
+template <class Tiles>
+std::int64_t amx_rows_of(LinearRows const& p, std::int64_t o0, std::int64_t rows) {
+  amx_rows<Tiles>(p.w.row(o0), p.w.row_bytes(), rows, p.amx, p.n_tokens,
+                  [&](std::int64_t t, std::int64_t r, float const* v) { store_dots16(p, t, o0 + r, v); });
   return o0 + rows;
+}
+
+/// Rows [o0, o1) of a projection whose tokens p.amx holds, on AMX tiles as far as whole
+/// 16-row tiles go, for the formats F compiles; returns the first row left.
+template <WeightFormat F>
+std::int64_t amx_linear_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+  std::int64_t const rows = (o1 - o0) / kAmxRows * kAmxRows;
+  WeightFormat const f = p.w.format;
+  if (rows == 0) return o0;
+  if constexpr (compiles<F>(WeightFormat::kBf16))
+    if (f == WeightFormat::kBf16) return amx_rows_of<AmxBf16Tiles>(p, o0, rows);
+  if constexpr (compiles<F>(WeightFormat::kQ8_0))
+    if (f == WeightFormat::kQ8_0) return amx_rows_of<AmxQ8Tiles>(p, o0, rows);
+  if constexpr (compiles<F>(WeightFormat::kQ4K))
+    if (f == WeightFormat::kQ4K) return amx_rows_of<AmxKQuantTiles<AmxQ4K>>(p, o0, rows);
+  if constexpr (compiles<F>(WeightFormat::kQ6K))
+    if (f == WeightFormat::kQ6K) return amx_rows_of<AmxKQuantTiles<AmxQ6K>>(p, o0, rows);
+  if constexpr (compiles<F>(WeightFormat::kInt4))
+    if (f == WeightFormat::kInt4) return amx_rows_of<AmxInt4Tiles>(p, o0, rows);
+  return o0;
 }
 #endif  // QFLASH_HAS_X86_SIMD
 
 /// Packs token tile j of what p's rows read for AMX tiles into `out` (AmxActivations' layout
-/// for p.w's format): fp32 rows for bf16, their q8_0 blocks (p.xq) for q8_0.
+/// for p.w's format): fp32 rows for bf16, their quantized blocks (p.xq) for the others.
 inline void amx_pack_tile(LinearRows const& p, std::int64_t j, std::byte* out) {
 #if QFLASH_HAS_X86_SIMD
   if (p.w.format == WeightFormat::kQ8_0)
     amx_pack_q8_tile([&p](std::int64_t t) { return reinterpret_cast<BlockQ8_0 const*>(p.xq_row(t)); }, p.n_tokens,
                      p.w.cols / kAmxCols, j, out);
+  else if (p.w.format == WeightFormat::kQ4K || p.w.format == WeightFormat::kQ6K)
+    amx_pack_q8k_tile([&p](std::int64_t t) { return reinterpret_cast<BlockQ8K const*>(p.xq_row(t)); }, p.n_tokens,
+                      p.w.cols / gguf::kQ4KBlockSize, j, out);
+  else if (p.w.format == WeightFormat::kInt4)
+    amx_pack_int4_tile([&p](std::int64_t t) { return reinterpret_cast<ActQ8Pair const*>(p.xq_row(t)); }, p.n_tokens,
+                       p.w.cols / kAmxCols, j, out);
   else
     amx_pack_bf16_tile([&p](std::int64_t t) { return p.x_row(t); }, p.n_tokens, p.w.cols, j,
                        reinterpret_cast<bf16_bits*>(out));
@@ -553,12 +580,6 @@ void quant_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int
   }
 }
 
-/// True when instance format F (kAny: all) compiles the path of format f.
-template <WeightFormat F>
-constexpr bool compiles(WeightFormat f) {
-  return F == WeightFormat::kAny || F == f;
-}
-
 #if QFLASH_HAS_X86_SIMD
 /// Rows [o0, o1) of an f32 / bf16 / f16 projection that F compiles, with vectors V; false
 /// for other formats.
@@ -580,9 +601,8 @@ template <WeightFormat F>
 void linear_rows(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   WeightFormat const f = p.w.format;
 #if QFLASH_HAS_X86_SIMD
-  if constexpr (compiles<F>(WeightFormat::kBf16) || compiles<F>(WeightFormat::kQ8_0))
-    if (p.amx.data && p.amx.format == f && isa >= arch::CpuIsa::kAmx)
-      if ((o0 = amx_linear_rows(p, o0, o1)) == o1) return;
+  if (p.amx.data && p.amx.format == f && isa >= arch::CpuIsa::kAmx)
+    if ((o0 = amx_linear_rows<F>(p, o0, o1)) == o1) return;
 #endif
   if constexpr (compiles<F>(WeightFormat::kQ8_0))
     if (f == WeightFormat::kQ8_0) return quant_rows<BlockQ8_0, BlockQ8_0>(isa, p, o0, o1);

@@ -348,14 +348,16 @@ QFLASH_TARGET_AMX void amx_pack_int4_tile(XOf x_of, std::int64_t n_tokens, std::
       std::memcpy(block + 512 + n * 4, &pair.d[4 * (c % 2)], 4);
     }
     float const* sums = group_sums(x, (chunks + 1) / 2);
-    for (std::int64_t g = 0; g < (chunks + 3) / 4; ++g) std::memcpy(tile + chunks * kAmxQ8BlockBytes + g * 64 + n * 4, sums + g, 4);
+    for (std::int64_t g = 0; g < (chunks + 3) / 4; ++g)
+      std::memcpy(tile + chunks * kAmxQ8BlockBytes + g * 64 + n * 4, sums + g, 4);
   }
 }
 
 /// AmxBf16Tiles' twin for int4 rows (x packed as AmxActivations' int4 layout): per group of
 /// 128, the 16-row tiles' nibbles unpacked to bytes in the activations' order; one TDPBUSD per
-/// 32-column chunk gives exact int32 sums, added into fp32 as sum * (scale_w * d_x), and per
-/// group min_w * (the tokens' activation sums), as the VNNI kernel computes them in its lanes.
+/// 32-column chunk gives exact int32 sums, added into fp32 as sum * (d_x * scale_w), and per
+/// group min_w * (the tokens' activation sums). Results differ from the VNNI kernel's by fp32
+/// rounding.
 struct AmxInt4Tiles {
   QFLASH_TARGET_AMX static void configure() { AmxQ8Tiles::configure(); }
 
@@ -368,7 +370,8 @@ struct AmxInt4Tiles {
   QFLASH_TARGET_AMX static void unpack(std::byte const* w, std::int64_t row_bytes, Rows& out) {
     __m512i const nibble = _mm512_set1_epi8(0x0f);
     // 128-bit lanes of the low (even) and high (odd) nibbles, interleaved
-    __m512i const first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    __m512i const first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    __m512i const second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
     for (std::int64_t m = 0; m < kAmxRows; ++m) {
       auto const& g = *reinterpret_cast<BlockInt4G128 const*>(w + m * row_bytes);
       __m512i const q = _mm512_loadu_si512(g.qs);

@@ -430,7 +430,8 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every we
   for (WeightFormat f : kAllWeightFormats)
     for (int n_tok : {1, 4, 11, 40}) {
       // GGUF blocks need whole blocks along both the d_model and d_ff rows; 40 tokens put
-      // 16 on each expert, whole 32-column chunks let bf16 run on AMX tiles.
+      // 16 on each expert, whole 32-column chunks let bf16 and the integer formats run on
+      // AMX tiles.
       bool const k_blocks = f == WeightFormat::kQ4K || f == WeightFormat::kQ6K;
       bool const chunks = n_tok == 40;
       int const d_model = k_blocks ? 256 : f == WeightFormat::kQ8_0 || chunks ? 64 : 24;

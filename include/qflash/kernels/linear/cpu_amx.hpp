@@ -1,10 +1,10 @@
 /// @file
-/// AMX tiles for bf16 weights (AMX-BF16), q8_0, q4_k, q6_k and int4 weights (AMX-INT8),
-/// arch::CpuIsa::kAmx, used when a projection has at least kAmxMinTokens tokens (prefill, batched decode) and whole
-/// 32-column chunks. bf16 and q8_0 weights are read in place (an A tile is 16 weight rows at the
-/// matrix's row stride), k-quant and int4 codes unpacked to bytes per block of 16 rows; activations are
-/// packed once per call, per tile of 16 tokens; a pass holds 2 A, 2 B and 4 C tiles (32 rows x
-/// 32 tokens).
+/// AMX tiles for bf16 weights (AMX-BF16) and q8_0, q4_k, q6_k and int4 weights (AMX-INT8),
+/// arch::CpuIsa::kAmx, used when a projection has at least kAmxMinTokens tokens (prefill,
+/// batched decode) and whole 32-column chunks. bf16 and q8_0 weights are read in place (an A
+/// tile is 16 weight rows at the matrix's row stride); k-quant and int4 codes are unpacked to
+/// bytes per block of 16 rows. Activations are packed once per call, per tile of 16 tokens; a
+/// pass holds 2 A, 2 B and 4 C tiles (32 rows x 32 tokens).
 ///
 /// bf16: the fp32 activations are split into kAmxParts bf16 terms, x = hi + mid + lo (each
 /// the rounded remainder of the one before; three cover fp32's 24-bit significand), in the
@@ -78,7 +78,8 @@ inline std::int64_t amx_int4_tile_bytes(std::int64_t chunks) {
 inline std::int64_t amx_packed_bytes(WeightFormat f, std::int64_t n_tokens, std::int64_t cols) {
   std::int64_t const tiles = (n_tokens + kAmxTokens - 1) / kAmxTokens;
   if (f == WeightFormat::kQ8_0) return tiles * cols / kAmxCols * kAmxQ8BlockBytes;
-  if (f == WeightFormat::kQ4K || f == WeightFormat::kQ6K) return tiles * cols / gguf::kQ4KBlockSize * kAmxQ8KBlockBytes;
+  if (f == WeightFormat::kQ4K || f == WeightFormat::kQ6K)
+    return tiles * cols / gguf::kQ4KBlockSize * kAmxQ8KBlockBytes;
   if (f == WeightFormat::kInt4) return tiles * amx_int4_tile_bytes(cols / kAmxCols);
   return tiles * kAmxTokens * cols * kAmxParts * 2;
 }

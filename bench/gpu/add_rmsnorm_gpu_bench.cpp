@@ -110,10 +110,7 @@ void bench_instance(Roofs const& roofs, cudaStream_t stream) {
 template <class Tag>
 void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
   if constexpr (compiled<Tag>()) {
-    if (!arch::can_run(Tag::id, major, minor)) {
-      std::printf("%s: not runnable on cc %d.%d, skipped\n", std::string(Tag::name).c_str(), major, minor);
-      return;
-    }
+    if (!runs_on<Tag>(major, minor)) return;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (bench_instance<Tag, I>(roofs, stream), ...);
     }(std::make_index_sequence<instances::kSpecs.size()>{});

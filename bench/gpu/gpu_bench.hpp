@@ -69,6 +69,14 @@ constexpr bool compiled() {
   return std::find(instances::kArchs.begin(), instances::kArchs.end(), Tag::id) != instances::kArchs.end();
 }
 
+/// Whether arch Tag's code runs on a device of compute capability major.minor; says so when not.
+template <class Tag>
+bool runs_on(int major, int minor) {
+  if (arch::can_run(Tag::id, major, minor)) return true;
+  std::printf("%s: not runnable on cc %d.%d, skipped\n", std::string(Tag::name).c_str(), major, minor);
+  return false;
+}
+
 /// A bench's main: exits 77 without a CUDA device or a compiled arch that runs on it; else
 /// prints the device and its roofs and calls bench(cc_major, cc_minor, roofs, stream).
 template <class Bench>

@@ -82,10 +82,7 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
   constexpr std::size_t I = bench_spec_index();
   if constexpr (compiled<Tag>() && I < instances::kSpecs.size()) {
     constexpr MoeSpec S = instances::kSpecs[I];
-    if (!arch::can_run(Tag::id, major, minor)) {
-      std::printf("%s: not runnable on cc %d.%d, skipped\n", std::string(Tag::name).c_str(), major, minor);
-      return;
-    }
+    if (!runs_on<Tag>(major, minor)) return;
     float *q = nullptr, *out = nullptr;
     ok(cudaMalloc(&q, kHeads * kDim * sizeof(float)), "cudaMalloc");
     ok(cudaMalloc(&out, kHeads * kDim * sizeof(float)), "cudaMalloc");

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qflash/arch/select.hpp"
@@ -43,6 +44,23 @@ constexpr bool compiled() {
 template <class Tag>
 bool runs_here() {
   return arch::can_run(Tag::id, g_device.major, g_device.minor);
+}
+
+/// Calls check.template operator()<I>() for every spec instance I when the build compiled arch
+/// Tag and it runs on this device; otherwise says in the test log why not.
+template <class Tag, class Check>
+void check_each_instance(Check&& check) {
+  if constexpr (compiled<Tag>()) {
+    if (!runs_here<Tag>()) {
+      MESSAGE(Tag::name, " cannot run on cc ", g_device.major, ".", g_device.minor, ": not checked here");
+      return;
+    }
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (check.template operator()<I>(), ...);
+    }(std::make_index_sequence<instances::kSpecs.size()>{});
+  } else {
+    MESSAGE(Tag::name, " is not compiled in this build (QFLASH_CUDA_ARCHS)");
+  }
 }
 
 /// Device memory for n elements of T: zeros, or a copy of host data.

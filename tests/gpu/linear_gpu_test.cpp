@@ -19,9 +19,7 @@ using namespace qflash;
 using namespace qflash::kernels;
 using test::all_close;
 using test::Tolerance;
-using test::gpu::compiled;
 using test::gpu::DeviceArray;
-using test::gpu::runs_here;
 
 namespace {
 
@@ -89,17 +87,7 @@ void check_instance() {
 
 template <class Tag>
 void check_arch() {
-  if constexpr (compiled<Tag>()) {
-    if (!runs_here<Tag>()) {
-      MESSAGE(Tag::name, " does not run on this device: not checked here");
-      return;
-    }
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (check_instance<Tag, I>(), ...);
-    }(std::make_index_sequence<instances::kSpecs.size()>{});
-  } else {
-    MESSAGE(Tag::name, " is not compiled in this build (QFLASH_CUDA_ARCHS)");
-  }
+  test::gpu::check_each_instance<Tag>([]<std::size_t I>() { check_instance<Tag, I>(); });
 }
 
 }  // namespace

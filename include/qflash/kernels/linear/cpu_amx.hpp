@@ -84,6 +84,14 @@ inline std::int64_t amx_packed_bytes(WeightFormat f, std::int64_t n_tokens, std:
   return tiles * kAmxTokens * cols * kAmxParts * 2;
 }
 
+/// Tokens of token tile j of n_tokens; a partial tile's `bytes` at `tile` are zeroed first, so
+/// the tokens past n_tokens contribute nothing.
+inline std::int64_t amx_tile_tokens(std::int64_t n_tokens, std::int64_t j, void* tile, std::int64_t bytes) {
+  std::int64_t const n_here = std::min(kAmxTokens, n_tokens - j * kAmxTokens);
+  if (n_here < kAmxTokens) std::memset(tile, 0, static_cast<std::size_t>(bytes));
+  return n_here;
+}
+
 /// Activations packed for the tiles of weights in `format`, per token tile j of 16 tokens:
 /// bf16: part p, column chunk c is the 16 x 16 pairs at bf16(j, p) + c * 512;
 /// q8_0: block c is 8 x 64 codes (4 per token) at q8(j, c), and its 16 scales after them;
@@ -130,8 +138,7 @@ QFLASH_TARGET_AMX void amx_pack_bf16_tile(XOf x_of, std::int64_t n_tokens, std::
   // High halves of two registers' 32-bit lanes, in order: 32 bf16.
   __m512i const high_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
                                                27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  std::int64_t const n_here = std::min(kAmxTokens, n_tokens - j * kAmxTokens);
-  if (n_here < kAmxTokens) std::memset(words, 0, static_cast<std::size_t>(kAmxParts * chunks * 1024));
+  std::int64_t const n_here = amx_tile_tokens(n_tokens, j, words, kAmxParts * chunks * 1024);
   for (std::int64_t n = 0; n < n_here; ++n) {
     float const* x = x_of(j * kAmxTokens + n);
     for (std::int64_t c = 0; c < chunks; ++c) {
@@ -252,8 +259,7 @@ template <class XOf>
 QFLASH_TARGET_AMX void amx_pack_q8_tile(XOf x_of, std::int64_t n_tokens, std::int64_t nb, std::int64_t j,
                                         std::byte* out) {
   std::byte* tile = out + j * nb * kAmxQ8BlockBytes;
-  std::int64_t const n_here = std::min(kAmxTokens, n_tokens - j * kAmxTokens);
-  if (n_here < kAmxTokens) std::memset(tile, 0, static_cast<std::size_t>(nb * kAmxQ8BlockBytes));
+  std::int64_t const n_here = amx_tile_tokens(n_tokens, j, tile, nb * kAmxQ8BlockBytes);
   for (std::int64_t n = 0; n < n_here; ++n) {
     BlockQ8_0 const* x = x_of(j * kAmxTokens + n);
     for (std::int64_t b = 0; b < nb; ++b) {
@@ -314,8 +320,7 @@ template <class XOf>
 QFLASH_TARGET_AMX void amx_pack_q8k_tile(XOf x_of, std::int64_t n_tokens, std::int64_t nb, std::int64_t j,
                                          std::byte* out) {
   std::byte* tile = out + j * nb * kAmxQ8KBlockBytes;
-  std::int64_t const n_here = std::min(kAmxTokens, n_tokens - j * kAmxTokens);
-  if (n_here < kAmxTokens) std::memset(tile, 0, static_cast<std::size_t>(nb * kAmxQ8KBlockBytes));
+  std::int64_t const n_here = amx_tile_tokens(n_tokens, j, tile, nb * kAmxQ8KBlockBytes);
   for (std::int64_t n = 0; n < n_here; ++n) {
     BlockQ8K const* x = x_of(j * kAmxTokens + n);
     for (std::int64_t b = 0; b < nb; ++b) {
@@ -334,8 +339,7 @@ template <class XOf>
 QFLASH_TARGET_AMX void amx_pack_int4_tile(XOf x_of, std::int64_t n_tokens, std::int64_t chunks, std::int64_t j,
                                           std::byte* out) {
   std::byte* tile = out + j * amx_int4_tile_bytes(chunks);
-  std::int64_t const n_here = std::min(kAmxTokens, n_tokens - j * kAmxTokens);
-  if (n_here < kAmxTokens) std::memset(tile, 0, static_cast<std::size_t>(amx_int4_tile_bytes(chunks)));
+  std::int64_t const n_here = amx_tile_tokens(n_tokens, j, tile, amx_int4_tile_bytes(chunks));
   for (std::int64_t n = 0; n < n_here; ++n) {
     ActQ8Pair const* x = x_of(j * kAmxTokens + n);
     for (std::int64_t c = 0; c < chunks; ++c) {

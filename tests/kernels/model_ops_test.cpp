@@ -68,7 +68,8 @@ TEST_CASE("linear: every ISA path and weight format equals the reference") {
                                                {9, 256, 17},  {2, 512, 5},   {4, 96, 130}, {1, 768, 3},
                                                {40, 2048, 9},  // two token blocks (kTokenBlockBytes)
                                                {8, 32, 16},   {37, 96, 50},  {16, 64, 32}, {70, 256, 67},
-                                               {33, 512, 80}};
+                                               {33, 512, 80},
+                                               {1, 352, 6}};  // q8_0 decode: 8 blocks per step, then 3
   for (auto isa : isas_here())
     for (WeightFormat f : kAllWeightFormats)
       for (auto [n_tok, n_in, n_out] : shapes) {
@@ -191,7 +192,7 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
   // result, bit for bit (what a serving engine needs for batched and single runs to agree).
   // Exception: the formats on AMX tiles, from kAmxMinTokens tokens, within fp32 rounding (kDot).
   int const n_out = 19;  // rows over a few tiles
-  for (int n_in : {512, 512 + 37})  // whole GGUF blocks; columns past a vector
+  for (int n_in : {512, 512 + 37, 352})  // whole GGUF blocks; columns past a vector; 8 + 3 q8_0 blocks
   for (int n_tok : {2, 5, 11, 20})
     for (WeightFormat f : kAllWeightFormats)
       for (auto isa : isas_here()) {

@@ -9,7 +9,7 @@
 /// - q8_0, q4_k, q6_k, int4: activations quantized once per call to 8-bit blocks (q8_0 /
 ///   q8_k as llama.cpp does; q8_0 pairs for int4), then integer dot products per block
 ///   (cpu_quant.hpp: AVX2; cpu_quant_avx512.hpp: AVX-512 VNNI): a few rows per pass for one
-///   token, 4 tokens per pass through a row for several (two rows for q8_0 on AVX2).
+///   token, 4 tokens per pass through a row for several (two rows for q8_0).
 /// - bf16, q8_0, q4_k, q6_k and int4 with AMX (kAmx) and at least kAmxMinTokens tokens and
 ///   whole 32-column chunks: AMX-BF16 tiles over the activations split into exact bf16 terms,
 ///   AMX-INT8 tiles over their 8-bit blocks (cpu_amx.hpp); rows past the last 16 as above.
@@ -494,16 +494,19 @@ void quant_dot_tokens(WB const* w, XB const* const* x, std::int64_t nb, float* o
     dot_tokens_avx2<NT>(w, x, nb, out);
 }
 
-/// Rows per pass for several tokens: q8_0 on AVX2 needs no unpacking, so two rows share each
-/// activation load (dot_tile_avx2); other blocks are unpacked once per row for its tokens.
-template <Simd V, class WB>
-inline constexpr int kQuantTileRows = V == Simd::kAvx2 && std::is_same_v<WB, BlockQ8_0> ? 2 : 1;
+/// Rows per pass for several tokens: q8_0 needs no unpacking, so two rows share each
+/// activation load (dot_tile_avx2, dot_tile_avx512); other blocks are unpacked once per row
+/// for its tokens.
+template <class WB>
+inline constexpr int kQuantTileRows = std::is_same_v<WB, BlockQ8_0> ? 2 : 1;
 
 /// R rows (`stride` bytes apart) against NT activation rows, out[r * NT + t].
 template <Simd V, int R, int NT, class WB, class XB>
 void quant_dot_tile(WB const* w, std::int64_t stride, XB const* const* x, std::int64_t nb, float* out) {
   if constexpr (R == 1)
     quant_dot_tokens<V, NT>(w, x, nb, out);
+  else if constexpr (V == Simd::kAvx512)
+    dot_tile_avx512<R, NT>(w, stride, x, nb, out);
   else
     dot_tile_avx2<R, NT>(w, stride, x, nb, out);
 }
@@ -542,7 +545,7 @@ void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
     std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
     if (b1 - b0 > 1) {
-      constexpr int kTile = kQuantTileRows<V, WB>;
+      constexpr int kTile = kQuantTileRows<WB>;
       std::int64_t o = o0;
       if constexpr (kTile > 1)
         for (; o + kTile <= o1; o += kTile) quant_rows_tokens<V, kTile, WB, XB>(p, o, nb, b0, b1);

@@ -10,8 +10,8 @@
 ///
 /// As in cpu_quant.hpp, `dot_avx512<R>` takes R rows against one token (decode) and
 /// `dot_tokens_avx512<NT>` one row against NT tokens (prefill), unpacking each weight block
-/// once for them; per (row, token) both run the same operations in the same order, so a
-/// token's sums do not depend on the tokens beside it.
+/// once for them (q8_0 also `dot_tile_avx512<R, NT>`); per (row, token) they run the same
+/// operations in the same order, so a token's sums do not depend on the tokens beside it.
 #pragma once
 
 #include <cstddef>
@@ -25,73 +25,126 @@ namespace qflash::kernels::cpu {
 
 using simd::avx512_halves;
 using simd::avx512_halves_epi16;
+using simd::avx512_halves_epi32;
 using simd::avx512_join;
 using simd::avx512_low;
 
-/// Asks for the cache lines of `bytes` at `p` + `ahead` (the same blocks R rows further on);
-/// a block's last partial line comes with the next block's first.
+/// Asks for the cache lines of `bytes` at `p` + `ahead` (the same blocks R rows further on)
+/// into L2, not L1: a streamed line is used once, and on the 2-core AMX VM of
+/// docs/performance.md one-thread q4_k decode read 5-10% more of the bandwidth so
+/// (linear_bench). A block's last partial line comes with the next block's first.
 QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE void prefetch_ahead(void const* p, std::int64_t ahead, std::size_t bytes) {
   auto const* next = static_cast<char const*>(p) + ahead;
-  for (std::size_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+  for (std::size_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
 }
 
-/// w * x summed per 4-byte group into acc, from |w| and w's sign mask: vpdpbusd multiplies
-/// unsigned by signed bytes, so x takes w's sign (x != -128, which q8 activations never hold).
-QFLASH_TARGET_AVX512_VNNI QFLASH_SIMD_INLINE __m512i avx512_dot_s8(__m512i acc, __m512i w_abs, __mmask64 w_neg,
-                                                                  __m512i x) {
-  return _mm512_dpbusd_epi32(acc, w_abs, _mm512_mask_sub_epi8(x, w_neg, _mm512_setzero_si512(), x));
+// ---- q8_0: two blocks per register, eight per step -----------------------------------------
+// vpdpbusd multiplies unsigned by signed bytes: the weights' codes go in offset to q + 128 (one
+// xor) and each sum starts at minus the offset's share (128 times the activations' sums per
+// 4-byte group), so the int32 sums are exact. A register holds blocks b and b + 1 (the last
+// one alone when the row has an odd count), their scales d_w d_x spread over its halves.
+
+/// The scales of blocks b..b+7 as floats: two word permutes, no scalar conversions.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m256 q8_0_scales8(BlockQ8_0 const* b) {
+  static_assert(sizeof(BlockQ8_0) == 34);
+  auto const* p = reinterpret_cast<char const*>(b);
+  // Blocks 0-3's scales sit at bytes 0, 34, 68, 102 of p (words 0, 17, 34, 51 of two
+  // registers); blocks 4-7's at the same words from p + 136.
+  __m512i const idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 17, 34, 51, 0, 0, 0, 0));
+  __m512i const lo = _mm512_permutex2var_epi16(_mm512_loadu_si512(p), idx, _mm512_loadu_si512(p + 64));
+  __m512i const hi = _mm512_permutex2var_epi16(_mm512_loadu_si512(p + 136), idx, _mm512_loadu_si512(p + 200));
+  return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm512_castsi512_si128(lo), _mm512_castsi512_si128(hi)));
+}
+/// The scales of block b and (when `both`) b + 1 in lanes 0 and 1, zero elsewhere.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m256 q8_0_scales2(BlockQ8_0 const* b, bool both) {
+  return _mm256_setr_ps(avx2_float(b[0].d), both ? avx2_float(b[1].d) : 0.0f, 0, 0, 0, 0, 0, 0);
 }
 
-// ---- q8_0: two blocks per register (the last one alone when the row has an odd count) ----
+/// The codes of blocks b and b + 1 (or b, then zeros).
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i q8_0_codes(BlockQ8_0 const* b, bool both) {
+  return both ? avx512_join(b[0].qs, b[1].qs) : avx512_low(b[0].qs);
+}
 
-/// Blocks b and b + 1 (or b alone) of a q8_0 row: codes and per-lane scales.
-struct Q8_0Pair {
-  __m512i q;
-  __m512 d;
-};
-QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE Q8_0Pair q8_0_pair(BlockQ8_0 const* b, bool both) {
-  if (both) return {avx512_join(b[0].qs, b[1].qs), avx512_halves(avx2_float(b[0].d), avx2_float(b[1].d))};
-  return {avx512_low(b[0].qs), avx512_halves(avx2_float(b[0].d), 0.0f)};
+/// Pair p of a step (blocks b + 2p and b + 2p + 1, or b + 2p alone) for R rows and NT tokens,
+/// with d[r][t] the step's d_w d_x (lane k: block b + k).
+template <int R, int NT>
+QFLASH_TARGET_AVX512_VNNI QFLASH_SIMD_INLINE void q8_0_pair(__m512 (&acc)[R][NT], BlockQ8_0 const* w,
+                                                           std::int64_t stride, BlockQ8_0 const* const* x,
+                                                           std::int64_t b, int p, bool both,
+                                                           __m256 const (&d)[R][NT]) {
+  __m512i const offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i const lanes = avx512_halves_epi32(2 * p, 2 * p + 1);
+  __m512i xq[NT], start[NT];
+  for (int t = 0; t < NT; ++t) {
+    xq[t] = q8_0_codes(x[t] + b + 2 * p, both);
+    start[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, xq[t]));
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m512i const wq = _mm512_xor_si512(q8_0_codes(row_at(w, stride, r) + b + 2 * p, both), offset);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      __m512i const dot = _mm512_dpbusd_epi32(start[t], wq, xq[t]);
+      acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                  _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(d[r][t])), acc[r][t]);
+    }
+  }
+}
+
+/// R rows (`stride` bytes apart) x NT tokens, out[r * NT + t]. Each weight pair is loaded and
+/// offset once for the NT tokens, each activation pair once for the R rows; with kStream the
+/// same blocks R rows on are prefetched (decode). Per (row, token) the operations and their
+/// order do not depend on R or NT, so a token's sums are the same in every tile.
+template <int R, int NT, bool kStream = false>
+QFLASH_TARGET_AVX512_VNNI void q8_0_tile(BlockQ8_0 const* w, std::int64_t stride, BlockQ8_0 const* const* x,
+                                         std::int64_t nb, float* out) {
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  __m256 xd[NT], d[R][NT];
+  std::int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    for (int t = 0; t < NT; ++t) xd[t] = q8_0_scales8(x[t] + b);
+    for (int r = 0; r < R; ++r) {
+      BlockQ8_0 const* wb = row_at(w, stride, r) + b;
+      if constexpr (kStream) prefetch_ahead(wb, R * stride, 8 * sizeof(BlockQ8_0));
+      __m256 const wd = q8_0_scales8(wb);
+      for (int t = 0; t < NT; ++t) d[r][t] = _mm256_mul_ps(wd, xd[t]);
+    }
+    for (int p = 0; p < 4; ++p) q8_0_pair<R, NT>(acc, w, stride, x, b, p, true, d);
+  }
+  for (; b < nb; b += 2) {
+    bool const both = b + 1 < nb;
+    for (int t = 0; t < NT; ++t) xd[t] = q8_0_scales2(x[t] + b, both);
+    for (int r = 0; r < R; ++r) {
+      BlockQ8_0 const* wb = row_at(w, stride, r) + b;
+      if constexpr (kStream) prefetch_ahead(wb, R * stride, 2 * sizeof(BlockQ8_0));
+      __m256 const wd = q8_0_scales2(wb, both);
+      for (int t = 0; t < NT; ++t) d[r][t] = _mm256_mul_ps(wd, xd[t]);
+    }
+    q8_0_pair<R, NT>(acc, w, stride, x, b, 0, both, d);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) out[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
 template <int R>
 QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ8_0 const* w, std::int64_t stride, BlockQ8_0 const* x,
                                           std::int64_t nb, float* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    bool const both = b + 1 < nb;
-    Q8_0Pair const xp = q8_0_pair(x + b, both);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      BlockQ8_0 const* wb = row_at(w, stride, r) + b;
-      prefetch_ahead(wb, R * stride, 2 * sizeof(BlockQ8_0));
-      Q8_0Pair const wp = q8_0_pair(wb, both);
-      __m512i const dot = avx512_dot_s8(_mm512_setzero_si512(), _mm512_abs_epi8(wp.q), _mm512_movepi8_mask(wp.q), xp.q);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wp.d, xp.d), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+  BlockQ8_0 const* const xs[1] = {x};
+  q8_0_tile<R, 1, true>(w, stride, xs, nb, out);
 }
 
 template <int NT>
 QFLASH_TARGET_AVX512_VNNI void dot_tokens_avx512(BlockQ8_0 const* w, BlockQ8_0 const* const* x, std::int64_t nb,
                                                  float* out) {
-  __m512 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    bool const both = b + 1 < nb;
-    Q8_0Pair const wp = q8_0_pair(w + b, both);
-    __m512i const w_abs = _mm512_abs_epi8(wp.q);
-    __mmask64 const w_neg = _mm512_movepi8_mask(wp.q);
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-      Q8_0Pair const xp = q8_0_pair(x[t] + b, both);
-      __m512i const dot = avx512_dot_s8(_mm512_setzero_si512(), w_abs, w_neg, xp.q);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wp.d, xp.d), acc[t]);
-    }
-  }
-  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
+  q8_0_tile<1, NT>(w, 0, x, nb, out);
+}
+
+template <int R, int NT>
+QFLASH_TARGET_AVX512_VNNI void dot_tile_avx512(BlockQ8_0 const* w, std::int64_t stride, BlockQ8_0 const* const* x,
+                                               std::int64_t nb, float* out) {
+  q8_0_tile<R, NT>(w, stride, x, nb, out);
 }
 
 // ---- q4_k: a block's 128 code bytes as two registers -------------------------------------
@@ -155,19 +208,20 @@ QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE Q4KScales q4_k_scales_avx512(BlockQ4K co
       avx512_q4_k_scales(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<__m128i const*>(wb.scales)))));
 }
 
-/// acc - d_x dmin sum_j m_j (bsums[2j] + bsums[2j+1]) + d_x d sum_j s_j (codes_j . x_j).
+/// acc - d_x dmin sum_j m_j (bsums[2j] + bsums[2j+1]) + d_x d sum_j s_j (codes_j . x_j), with
+/// d_x d and d_x dmin given in every lane.
 QFLASH_TARGET_AVX512_VNNI QFLASH_SIMD_INLINE __m512 q4_k_block(__m512 acc, __m512i const* lo, __m512i const* hi,
                                                               Q4KScales const& s, BlockQ8K const& x,
-                                                              Q4KActs const& xa, float d, float dmin) {
+                                                              Q4KActs const& xa, __m512 xd_d, __m512 xd_dmin) {
   __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.bsums));
   __m512 const mins = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(s.min16, bs)));
-  acc = _mm512_fnmadd_ps(mins, _mm512_set1_ps(x.d * dmin), acc);
+  acc = _mm512_fnmadd_ps(mins, xd_dmin, acc);
   __m512i dot_lo = _mm512_setzero_si512(), dot_hi = _mm512_setzero_si512();  // two chains in flight
   for (int h = 0; h < 2; ++h) {
     dot_lo = _mm512_dpwssd_epi32(dot_lo, _mm512_maddubs_epi16(lo[h], xa.lo[h]), s.lo[h]);
     dot_hi = _mm512_dpwssd_epi32(dot_hi, _mm512_maddubs_epi16(hi[h], xa.hi[h]), s.hi[h]);
   }
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot_lo, dot_hi)), _mm512_set1_ps(x.d * d), acc);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot_lo, dot_hi)), xd_d, acc);
 }
 
 /// The low and high nibbles of a q4_k block's two code registers.
@@ -187,13 +241,19 @@ QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ4K const* w, std::int64_t stride
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b) {
     Q4KActs const xa = q4_k_acts(x[b]);
-    // The packed scales of four rows unpacked at once, then each row's moved to every lane.
+    // Four rows' block heads (d, dmin, packed scales) in one register: their scales unpacked
+    // at once, then each row's moved to every lane; their d and dmin converted at once.
     __m512i packed = _mm512_setzero_si512();
+    __m512 dd = _mm512_setzero_ps();  // x.d d_r at lane 2r, x.d dmin_r at 2r + 1
     if constexpr (R == 4) {
-      __m128i bytes[4];
-      for (int r = 0; r < 4; ++r) bytes[r] = _mm_loadu_si128(reinterpret_cast<__m128i const*>(row_at(w, stride, r)[b].scales));
-      packed = avx512_q4_k_scales(_mm512_inserti32x4(
-          _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(bytes[0]), bytes[1], 1), bytes[2], 2), bytes[3], 3));
+      static_assert(offsetof(BlockQ4K, scales) == 4);
+      __m128i head[4];
+      for (int r = 0; r < 4; ++r) head[r] = _mm_loadu_si128(reinterpret_cast<__m128i const*>(row_at(w, stride, r) + b));
+      __m512i const heads = _mm512_inserti32x4(
+          _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(head[0]), head[1], 1), head[2], 2), head[3], 3);
+      packed = avx512_q4_k_scales(_mm512_bsrli_epi128(heads, 4));
+      __m512i const d_dmin = _mm512_permutexvar_epi32(_mm512_zextsi128_si512(_mm_setr_epi32(0, 4, 8, 12)), heads);
+      dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(d_dmin)), _mm256_set1_ps(x[b].d)));
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -201,11 +261,15 @@ QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ4K const* w, std::int64_t stride
       prefetch_ahead(&wb, R * stride, sizeof(BlockQ4K));
       __m512i lo[2], hi[2];
       q4_k_codes(wb, lo, hi);
-      Q4KScales const s =
-          R == 4 ? q4_k_scales_avx512(_mm512_permutexvar_epi32(
-                       _mm512_broadcast_i32x4(_mm_setr_epi32(4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3)), packed))
-                 : q4_k_scales_avx512(wb);
-      acc[r] = q4_k_block(acc[r], lo, hi, s, x[b], xa, avx2_float(wb.d), avx2_float(wb.dmin));
+      if constexpr (R == 4) {
+        Q4KScales const s = q4_k_scales_avx512(_mm512_permutexvar_epi32(
+            _mm512_broadcast_i32x4(_mm_setr_epi32(4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3)), packed));
+        acc[r] = q4_k_block(acc[r], lo, hi, s, x[b], xa, _mm512_permutexvar_ps(_mm512_set1_epi32(2 * r), dd),
+                            _mm512_permutexvar_ps(_mm512_set1_epi32(2 * r + 1), dd));
+      } else {
+        acc[r] = q4_k_block(acc[r], lo, hi, q4_k_scales_avx512(wb), x[b], xa, _mm512_set1_ps(x[b].d * avx2_float(wb.d)),
+                            _mm512_set1_ps(x[b].d * avx2_float(wb.dmin)));
+      }
     }
   }
   for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
@@ -223,7 +287,9 @@ QFLASH_TARGET_AVX512_VNNI void dot_tokens_avx512(BlockQ4K const* w, BlockQ8K con
     Q4KScales const s = q4_k_scales_avx512(wb);
     float const d = avx2_float(wb.d), dmin = avx2_float(wb.dmin);
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) acc[t] = q4_k_block(acc[t], lo, hi, s, x[t][b], q4_k_acts(x[t][b]), d, dmin);
+    for (int t = 0; t < NT; ++t)
+      acc[t] = q4_k_block(acc[t], lo, hi, s, x[t][b], q4_k_acts(x[t][b]), _mm512_set1_ps(x[t][b].d * d),
+                          _mm512_set1_ps(x[t][b].d * dmin));
   }
   for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
 }

@@ -156,10 +156,6 @@ QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_join(void const* lo, void
 QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_low(void const* p) {
   return _mm512_zextsi256_si512(_mm256_loadu_si256(static_cast<__m256i const*>(p)));
 }
-/// Lanes 0-7 hold `lo`, lanes 8-15 `hi`.
-QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_halves(float lo, float hi) {
-  return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
-}
 /// int32 lanes 0-7 hold `lo`, lanes 8-15 `hi`.
 QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_halves_epi32(int lo, int hi) {
   return _mm512_inserti64x4(_mm512_set1_epi32(lo), _mm256_set1_epi32(hi), 1);

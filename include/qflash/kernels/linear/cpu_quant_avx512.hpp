@@ -23,7 +23,6 @@
 QFLASH_SIMD_BEGIN
 namespace qflash::kernels::cpu {
 
-using simd::avx512_halves;
 using simd::avx512_halves_epi16;
 using simd::avx512_halves_epi32;
 using simd::avx512_join;

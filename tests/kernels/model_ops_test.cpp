@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "qflash/kv/layer_cache.hpp"
 #include "qflash/kernels/expert_ffn/cpu.hpp"
 #include "qflash/kernels/expert_ffn/ref.hpp"
+#include "qflash/kernels/expert_ffn/stacked.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
 #include "qflash/kernels/linear/ref.hpp"
 #include "qflash/kernels/rope/cpu.hpp"
@@ -552,6 +554,65 @@ TEST_CASE("expert_ffn: LoRA updates per token (two adapters and none), routed an
     token_lora[0] = &bad;
     CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
   }
+}
+
+TEST_CASE("expert_ffn: experts sliced from stacked tensors are one strided set; others are not") {
+  int const n_expert = 4, d_model = 256, d_ff = 512;
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8E4m3, WeightFormat::kQ4K}) {
+    CAPTURE(to_string(f));
+    // Stacked tensors [n_expert * rows, cols], each expert a slice (fp8: one scale grid, the
+    // slices' scale rows moving by rows).
+    auto const gate_up = test::random_floats(static_cast<std::size_t>(n_expert * d_ff * d_model), 1);
+    auto const down = test::random_floats(static_cast<std::size_t>(n_expert * d_model * d_ff), 2);
+    OwnedMatrix const g = encode_matrix(f, gate_up.data(), n_expert * d_ff, d_model);
+    OwnedMatrix const d = encode_matrix(f, down.data(), n_expert * d_model, d_ff);
+    std::vector<ExpertWeights> experts;
+    for (int e = 0; e < n_expert; ++e)
+      experts.push_back({g.view.slice_rows(e * d_ff, d_ff), g.view.slice_rows(e * d_ff, d_ff),
+                         d.view.slice_rows(e * d_model, d_model)});
+    for (auto which : {&ExpertWeights::gate, &ExpertWeights::down}) {
+      std::optional<StackedView> const s = stack(experts, which);
+      REQUIRE(s.has_value());
+      for (int e = 0; e < n_expert; ++e) {
+        WeightView const want = experts[static_cast<std::size_t>(e)].*which, got = s->at(e);
+        CHECK(got.data == want.data);
+        CHECK(got.rows == want.rows);
+        if (f == WeightFormat::kFp8E4m3)
+          for (std::int64_t r : {std::int64_t{0}, want.rows - 1}) CHECK(got.scale_row(r) == want.scale_row(r));
+      }
+    }
+    // Experts out of order, of another shape or format, or none: not a strided set.
+    std::swap(experts[1].down, experts[2].down);
+    CHECK_FALSE(stack(experts, &ExpertWeights::down).has_value());
+    std::swap(experts[1].down, experts[2].down);
+    experts[3].gate.rows -= 1;
+    CHECK_FALSE(stack(experts, &ExpertWeights::gate).has_value());
+    experts[3].gate.rows += 1;
+    experts[0].up.format = WeightFormat::kF32;
+    CHECK_FALSE(stack(experts, &ExpertWeights::up).has_value());
+    CHECK_FALSE(stack({}, &ExpertWeights::up).has_value());
+  }
+  // Separate fp8 matrices one after another, each with its own scale grid after the last:
+  // the scale pointer moves instead of the scale row.
+  test::ExpertCase c;
+  std::vector<std::byte> bytes;
+  std::vector<float> scales;
+  for (int e = 0; e < 3; ++e) {
+    WeightView const w = c.matrix(WeightFormat::kFp8E4m3, 130, 300, 10 + static_cast<std::uint64_t>(e));
+    bytes.insert(bytes.end(), static_cast<std::byte const*>(w.data), static_cast<std::byte const*>(w.data) + w.bytes());
+    scales.insert(scales.end(), w.scales, w.scales + fp8_scale_blocks(130) * fp8_scale_blocks(300));
+  }
+  std::vector<ExpertWeights> experts(3);
+  for (int e = 0; e < 3; ++e) {
+    WeightView& w = experts[static_cast<std::size_t>(e)].gate;
+    w = c.store[static_cast<std::size_t>(e)].view;
+    w.data = bytes.data() + e * w.bytes();
+    w.scales = scales.data() + e * fp8_scale_blocks(130) * fp8_scale_blocks(300);
+  }
+  std::optional<StackedView> const s = stack(experts, &ExpertWeights::gate);
+  REQUIRE(s.has_value());
+  CHECK(s->row0_stride == 0);
+  CHECK(s->at(2).scale_row(129) == experts[2].gate.scale_row(129));
 }
 
 TEST_CASE("vector exp and SiLU: within 2 ulp of std::exp, limits and NaN") {

@@ -94,10 +94,18 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device pointers
+/// in x, routes, weights and out and in the views' data; the spans and views themselves are
+/// host memory. CUDA needs each projection's routed experts at one stride (stacked.hpp) and
+/// runs no LoRA: else kErrorNotSupported).
 template <MoeSpec S>
 Status launch_expert_ffn(arch::Cpu, ExpertFfnArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_expert_ffn(arch::Sm80, ExpertFfnArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_expert_ffn(arch::Sm90a, ExpertFfnArgs const& args, stream_t stream);
 template <MoeSpec S, class Arch>
-  requires(!arch::implemented_by<Arch, arch::Cpu>)
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
 Status launch_expert_ffn(Arch, ExpertFfnArgs const&, stream_t = nullptr) {
   static_assert(dependent_false<Arch>, "kernels/expert_ffn: no implementation for this arch");
   return Status::kErrorArchMismatch;

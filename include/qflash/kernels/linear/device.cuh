@@ -80,41 +80,76 @@ __device__ __forceinline__ void store(Params const& p, std::int64_t t, std::int6
   out = p.accumulate ? v + out : v;
 }
 
-/// Grid: x rows by kWarps, y token tiles (strided).
-template <class Arch, WeightFormat kF, bool kAligned>
-__global__ void __launch_bounds__(kThreads) elements_kernel(Params const p) {
-  int const lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (o >= p.w.rows) return;
-  std::int64_t const cols = p.w.cols;
-  std::byte const* row = p.w.row(o);
-  float const* scales = kF == WeightFormat::kFp8E4m3 ? p.w.scale_row(o) : nullptr;
-  for (std::int64_t t0 = static_cast<std::int64_t>(blockIdx.y) * kTokens; t0 < p.n_tokens;
-       t0 += static_cast<std::int64_t>(gridDim.y) * kTokens) {
-    int const nt = static_cast<int>(std::min<std::int64_t>(kTokens, p.n_tokens - t0));
-    float acc[kTokens] = {};
+/// This lane's share of W[o] · x[tt] for the first nt of kTokens tokens, added to acc[tt]; the
+/// warp's sum of acc is the dot product. Element formats: kVec columns per lane step when
+/// kAligned (16-byte aligned rows and activations, cols a multiple of kVec), else one column;
+/// block formats: whole blocks per lane, over activations already rounded (round_kernel).
+/// x[tt] for tt >= nt must still point at readable memory (a valid token's row).
+template <WeightFormat kF, bool kAligned>
+__device__ __forceinline__ void lane_dot(WeightView const& w, std::int64_t o, float const* const (&x)[kTokens], int nt,
+                                         int lane, float (&acc)[kTokens]) {
+  std::int64_t const cols = w.cols;
+  std::byte const* row = w.row(o);
+  if constexpr (block_values(kF) == 1) {
+    float const* scales = kF == WeightFormat::kFp8E4m3 ? w.scale_row(o) : nullptr;
     if constexpr (kAligned) {
       for (std::int64_t i = static_cast<std::int64_t>(lane) * kVec; i < cols; i += 32 * kVec) {
-        float w[kVec];
-        elements8<kF>(row, scales, i, w);
+        float wv[kVec];
+        elements8<kF>(row, scales, i, wv);
 #pragma unroll
         for (int tt = 0; tt < kTokens; ++tt) {
           if (tt >= nt) break;
-          float const* x = p.x + (t0 + tt) * p.xs + i;
-          float4 const a = reinterpret_cast<float4 const*>(x)[0], b = reinterpret_cast<float4 const*>(x)[1];
+          float4 const a = reinterpret_cast<float4 const*>(x[tt] + i)[0], b = reinterpret_cast<float4 const*>(x[tt] + i)[1];
           float const xv[kVec] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) acc[tt] = fmaf(w[e], xv[e], acc[tt]);
+          for (int e = 0; e < kVec; ++e) acc[tt] = fmaf(wv[e], xv[e], acc[tt]);
         }
       }
     } else {
       for (std::int64_t i = lane; i < cols; i += 32) {
-        float const w = element<kF>(row, scales, i);
+        float const wv = element<kF>(row, scales, i);
 #pragma unroll
         for (int tt = 0; tt < kTokens; ++tt)
-          if (tt < nt) acc[tt] = fmaf(w, p.x[(t0 + tt) * p.xs + i], acc[tt]);
+          if (tt < nt) acc[tt] = fmaf(wv, x[tt][i], acc[tt]);
       }
     }
+  } else {
+    constexpr int kBV = block_values(kF);
+    std::int64_t const n_blocks = (cols + kBV - 1) / kBV;
+    for (std::int64_t b = lane; b < n_blocks; b += 32) {
+      int const n = static_cast<int>(std::min<std::int64_t>(kBV, cols - b * kBV));
+      float wv[kBV];
+      if constexpr (kF == WeightFormat::kQ8_0)
+        gguf::dequantize_row_q8_0(reinterpret_cast<gguf::BlockQ8_0 const*>(row) + b, static_cast<std::size_t>(n), wv);
+      else if constexpr (kF == WeightFormat::kQ4K)
+        gguf::dequantize_row_q4_k(reinterpret_cast<gguf::BlockQ4K const*>(row) + b, static_cast<std::size_t>(n), wv);
+      else if constexpr (kF == WeightFormat::kQ6K)
+        gguf::dequantize_row_q6_k(reinterpret_cast<gguf::BlockQ6K const*>(row) + b, static_cast<std::size_t>(n), wv);
+      else
+        dequantize_row_int4_g128(reinterpret_cast<BlockInt4G128 const*>(row) + b, static_cast<std::size_t>(n), wv);
+      for (int tt = 0; tt < kTokens; ++tt) {
+        if (tt >= nt) break;
+        float const* xb = x[tt] + b * kBV;
+        for (int e = 0; e < n; ++e) acc[tt] = fmaf(wv[e], xb[e], acc[tt]);
+      }
+    }
+  }
+}
+
+/// Grid: x rows by kWarps, y token tiles (strided). Block formats read p.x rounded.
+template <class Arch, WeightFormat kF, bool kAligned>
+__global__ void __launch_bounds__(kThreads) linear_kernel(Params const p) {
+  int const lane = static_cast<int>(threadIdx.x % 32);
+  std::int64_t const o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (o >= p.w.rows) return;
+  for (std::int64_t t0 = static_cast<std::int64_t>(blockIdx.y) * kTokens; t0 < p.n_tokens;
+       t0 += static_cast<std::int64_t>(gridDim.y) * kTokens) {
+    int const nt = static_cast<int>(std::min<std::int64_t>(kTokens, p.n_tokens - t0));
+    float const* x[kTokens];
+#pragma unroll
+    for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + (t0 + (tt < nt ? tt : 0)) * p.xs;
+    float acc[kTokens] = {};
+    lane_dot<kF, kAligned>(p.w, o, x, nt, lane, acc);
 #pragma unroll
     for (int tt = 0; tt < kTokens; ++tt) {
       float const s = cuda::warp_sum(acc[tt]);
@@ -123,14 +158,21 @@ __global__ void __launch_bounds__(kThreads) elements_kernel(Params const p) {
   }
 }
 
-/// The activations rounded for format f, as ref::round_activations rounds them, into xr
-/// [n_tokens, cols]: one warp per activation block. q8_0 blocks of 32 (a lane per value;
-/// int4's short last block padded with zeros), q8_k blocks of 256 (8 values per lane; the
-/// first value of largest magnitude sets the signed scale).
+/// How a weight format's activations are rounded before its products (ref::round_activations).
+enum class Rounding { kNone, kQ8_0, kQ8K };
+__host__ __device__ constexpr Rounding rounding(WeightFormat f) {
+  if (f == WeightFormat::kQ4K || f == WeightFormat::kQ6K) return Rounding::kQ8K;
+  return f == WeightFormat::kQ8_0 || f == WeightFormat::kInt4 ? Rounding::kQ8_0 : Rounding::kNone;
+}
+
+/// Activations rounded as ref::round_activations rounds them, from x [n_tokens, cols] (rows xs
+/// apart) into xr (rows xrs apart): one warp per activation block. q8_0 blocks of 32 (a lane
+/// per value; int4's short last block padded with zeros), q8_k blocks of 256 (8 values per
+/// lane; the first value of largest magnitude sets the signed scale).
 template <class Arch>
-__global__ void __launch_bounds__(kThreads)
-    round_kernel(WeightFormat f, float const* x, std::int64_t xs, std::int64_t n_tokens, std::int64_t cols, float* xr) {
-  bool const q8_k = f == WeightFormat::kQ4K || f == WeightFormat::kQ6K;
+__global__ void __launch_bounds__(kThreads) round_kernel(Rounding r, float const* x, std::int64_t xs, std::int64_t n_tokens,
+                                                         std::int64_t cols, float* xr, std::int64_t xrs) {
+  bool const q8_k = r == Rounding::kQ8K;
   int const bv = q8_k ? gguf::kQ4KBlockSize : gguf::kQ8_0BlockSize;
   int const lane = static_cast<int>(threadIdx.x % 32);
   std::int64_t const blocks = (cols + bv - 1) / bv;
@@ -138,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
        i += static_cast<std::int64_t>(gridDim.x) * kWarps) {
     std::int64_t const t = i / blocks, b = (i % blocks) * bv;
     float const* in = x + t * xs + b;
-    float* out = xr + t * cols + b;
+    float* out = xr + t * xrs + b;
     if (!q8_k) {
       int const len = static_cast<int>(std::min<std::int64_t>(bv, cols - b));
       float const v = lane < len ? in[lane] : 0.0f;
@@ -149,7 +191,7 @@ __global__ void __launch_bounds__(kThreads)
       if (lane < len) out[lane] = static_cast<float>(q) * d;
       continue;
     }
-    constexpr int kPer = gguf::kQ4KBlockSize / 32;
+  constexpr int kPer = gguf::kQ4KBlockSize / 32;
     float v[kPer];
     float amax = 0.0f, max = 0.0f;
     int first = INT_MAX;
@@ -176,73 +218,46 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// Block formats over rounded activations (dense, cols apart). Grid as elements_kernel.
-template <class Arch, WeightFormat kF>
-__global__ void __launch_bounds__(kThreads) blocks_kernel(Params const p) {
-  constexpr int kBV = block_values(kF);
-  int const lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (o >= p.w.rows) return;
-  std::int64_t const cols = p.w.cols;
-  std::int64_t const n_blocks = (cols + kBV - 1) / kBV;
-  std::byte const* row = p.w.row(o);
-  for (std::int64_t t0 = static_cast<std::int64_t>(blockIdx.y) * kTokens; t0 < p.n_tokens;
-       t0 += static_cast<std::int64_t>(gridDim.y) * kTokens) {
-    int const nt = static_cast<int>(std::min<std::int64_t>(kTokens, p.n_tokens - t0));
-    float acc[kTokens] = {};
-    for (std::int64_t b = lane; b < n_blocks; b += 32) {
-      int const n = static_cast<int>(std::min<std::int64_t>(kBV, cols - b * kBV));
-      float w[kBV];
-      if constexpr (kF == WeightFormat::kQ8_0)
-        gguf::dequantize_row_q8_0(reinterpret_cast<gguf::BlockQ8_0 const*>(row) + b, static_cast<std::size_t>(n), w);
-      else if constexpr (kF == WeightFormat::kQ4K)
-        gguf::dequantize_row_q4_k(reinterpret_cast<gguf::BlockQ4K const*>(row) + b, static_cast<std::size_t>(n), w);
-      else if constexpr (kF == WeightFormat::kQ6K)
-        gguf::dequantize_row_q6_k(reinterpret_cast<gguf::BlockQ6K const*>(row) + b, static_cast<std::size_t>(n), w);
-      else
-        dequantize_row_int4_g128(reinterpret_cast<BlockInt4G128 const*>(row) + b, static_cast<std::size_t>(n), w);
-      for (int tt = 0; tt < kTokens; ++tt) {
-        if (tt >= nt) break;
-        float const* x = p.x + (t0 + tt) * cols + b * kBV;
-        for (int e = 0; e < n; ++e) acc[tt] = fmaf(w[e], x[e], acc[tt]);
-      }
-    }
-#pragma unroll
-    for (int tt = 0; tt < kTokens; ++tt) {
-      float const s = cuda::warp_sum(acc[tt]);
-      if (lane == 0 && tt < nt) store(p, t0 + tt, o, s);
-    }
-  }
+/// Launches round_kernel over n_tokens rows (r != kNone).
+template <class Arch>
+Status round_rows(Rounding r, float const* x, std::int64_t xs, std::int64_t n_tokens, std::int64_t cols, float* xr,
+                  std::int64_t xrs, cudaStream_t stream) {
+  if (n_tokens == 0) return Status::kSuccess;
+  int const bv = r == Rounding::kQ8K ? gguf::kQ4KBlockSize : gguf::kQ8_0BlockSize;
+  std::int64_t const work = n_tokens * ((cols + bv - 1) / bv);
+  auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((work + kWarps - 1) / kWarps, 1 << 16));
+  round_kernel<Arch><<<blocks, kThreads, 0, stream>>>(r, x, xs, n_tokens, cols, xr, xrs);
+  return cuda::last_launch_status();
 }
 
 inline bool aligned16(void const* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+/// Whether lane_dot's vector path may read w's rows with activations at x, rows xs apart.
+inline bool vector_path(WeightView const& w, void const* x, std::int64_t xs) {
+  return block_values(w.format) == 1 && w.cols % kVec == 0 && aligned16(w.data) && w.row_bytes() % 16 == 0 &&
+         aligned16(x) && xs % 4 == 0;
+}
 
 template <class Arch, WeightFormat kF>
 Status launch_format(Params p, cudaStream_t stream) {
   dim3 const grid(static_cast<unsigned>((p.w.rows + kWarps - 1) / kWarps),
                   static_cast<unsigned>(std::min<std::int64_t>((p.n_tokens + kTokens - 1) / kTokens, kMaxTokenTiles)));
   if constexpr (block_values(kF) == 1) {
-    bool const aligned = p.w.cols % kVec == 0 && aligned16(p.w.data) && p.w.row_bytes() % 16 == 0 &&
-                         aligned16(p.x) && p.xs % 4 == 0;
-    if (aligned)
-      elements_kernel<Arch, kF, true><<<grid, kThreads, 0, stream>>>(p);
+    if (vector_path(p.w, p.x, p.xs))
+      linear_kernel<Arch, kF, true><<<grid, kThreads, 0, stream>>>(p);
     else
-      elements_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
+      linear_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
     return cuda::last_launch_status();
   } else {
     std::int64_t const cols = p.w.cols;
     void* rounded = nullptr;
     if (cudaMallocAsync(&rounded, static_cast<std::size_t>(p.n_tokens * cols) * sizeof(float), stream) != cudaSuccess)
       return Status::kErrorCuda;
-    int const bv = kF == WeightFormat::kQ4K || kF == WeightFormat::kQ6K ? gguf::kQ4KBlockSize : gguf::kQ8_0BlockSize;
-    std::int64_t const work = p.n_tokens * ((cols + bv - 1) / bv);
-    auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((work + kWarps - 1) / kWarps, 1 << 16));
-    round_kernel<Arch><<<blocks, kThreads, 0, stream>>>(kF, p.x, p.xs, p.n_tokens, cols, static_cast<float*>(rounded));
-    Status status = cuda::last_launch_status();
+    Status status = round_rows<Arch>(rounding(kF), p.x, p.xs, p.n_tokens, cols, static_cast<float*>(rounded), cols, stream);
     if (status == Status::kSuccess) {
       p.x = static_cast<float const*>(rounded);
       p.xs = cols;
-      blocks_kernel<Arch, kF><<<grid, kThreads, 0, stream>>>(p);
+      linear_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
       status = cuda::last_launch_status();
     }
     if (cudaFreeAsync(rounded, stream) != cudaSuccess) status = Status::kErrorCuda;
@@ -250,21 +265,16 @@ Status launch_format(Params p, cudaStream_t stream) {
   }
 }
 
-/// The body of `launch_linear<S>(Arch, args, stream)` for a CUDA arch tag.
-template <class Arch, MoeSpec S>
-Status launch(LinearArgs const& a, stream_t stream) {
-  if (Status s = can_implement_linear<S>(a); s != Status::kSuccess) return s;
-  if (a.n_tokens == 0) return Status::kSuccess;
-  Params const p{a.w, a.x, a.y, a.n_tokens, a.x_stride ? a.x_stride : a.w.cols, a.y_stride ? a.y_stride : a.w.rows,
-                 a.accumulate};
-  auto const s = static_cast<cudaStream_t>(stream);
+/// f.template operator()<kF>() for format f when spec S compiles it; else kErrorNotSupported.
+template <MoeSpec S, class F>
+Status with_format(WeightFormat format, F&& f) {
   auto run = [&]<WeightFormat kF>() -> Status {
     if constexpr (S.weights == WeightFormat::kAny || S.weights == kF)
-      return launch_format<Arch, kF>(p, s);
+      return f.template operator()<kF>();
     else
-      return Status::kErrorNotSupported;  // can_implement refused it already
+      return Status::kErrorNotSupported;
   };
-  switch (a.w.format) {
+  switch (format) {
     case WeightFormat::kF32: return run.template operator()<WeightFormat::kF32>();
     case WeightFormat::kBf16: return run.template operator()<WeightFormat::kBf16>();
     case WeightFormat::kF16: return run.template operator()<WeightFormat::kF16>();
@@ -276,6 +286,17 @@ Status launch(LinearArgs const& a, stream_t stream) {
     case WeightFormat::kAny: break;
   }
   return Status::kErrorNotSupported;
+}
+
+/// The body of `launch_linear<S>(Arch, args, stream)` for a CUDA arch tag.
+template <class Arch, MoeSpec S>
+Status launch(LinearArgs const& a, stream_t stream) {
+  if (Status s = can_implement_linear<S>(a); s != Status::kSuccess) return s;
+  if (a.n_tokens == 0) return Status::kSuccess;
+  Params const p{a.w, a.x, a.y, a.n_tokens, a.x_stride ? a.x_stride : a.w.cols, a.y_stride ? a.y_stride : a.w.rows,
+                 a.accumulate};
+  return with_format<S>(a.w.format,
+                        [&]<WeightFormat kF>() { return launch_format<Arch, kF>(p, static_cast<cudaStream_t>(stream)); });
 }
 
 }  // namespace qflash::kernels::linear_cuda

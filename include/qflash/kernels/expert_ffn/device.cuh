@@ -1,0 +1,353 @@
+/// @file
+/// Routed experts on CUDA, shared by sm80.cuh and sm90a.cuh, in five steps on one stream:
+///  1. group (one block): the route slots counted per expert and given rows grouped by
+///     expert (the shared expert's rows first, one per token), cut into tiles of at most
+///     linear_cuda::kTokens rows of one expert;
+///  2. the tokens rounded once per rounding the gate and up formats ask for (kernels/linear);
+///  3. gate and up with SwiGLU: a warp owns one d_ff row of a tile's expert and computes both
+///     projections for the tile's rows with linear's lane_dot, so each weight row is read
+///     once per tile; when gate and up differ in format, or fused_swiglu is false, gate runs
+///     in its own pass and up's pass applies SwiGLU to it;
+///  4. the SwiGLU outputs rounded for down's format; down per tile as in 3;
+///  5. combine: out[t] += w_j y[row of slot j] in slot order, then the shared expert's.
+/// Each row's sums do not depend on which rows share its tile, so results are deterministic
+/// though the rows within an expert come in the order atomics give them.
+/// Routed experts are read as a StackedView (stacked.hpp): others are kErrorNotSupported, as
+/// are LoRA updates. Slots with an expert id out of range make no row (the router never
+/// writes one).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "qflash/kernels/common/cuda.cuh"
+#include "qflash/kernels/expert_ffn/op.hpp"
+#include "qflash/kernels/expert_ffn/stacked.hpp"
+#include "qflash/kernels/linear/device.cuh"
+
+namespace qflash::kernels::expert_ffn_cuda {
+
+using linear_cuda::kThreads;
+using linear_cuda::kTokens;
+using linear_cuda::kWarps;
+using linear_cuda::Rounding;
+inline constexpr int kGroupThreads = 1024;
+inline constexpr unsigned kMaxTileBlocks = 65535;
+
+/// Rows [row, row + n) of the pair rows, all of expert `expert`.
+struct Tile {
+  int expert;
+  int row;
+  int n;
+};
+
+/// Step 1. Rows [0, shared_rows) are the shared expert's (row t: token t); routed rows start
+/// at shared_rows, grouped by expert in id order. slot_row[s]: slot s's row, or -1.
+template <class Arch>
+__global__ void __launch_bounds__(kGroupThreads)
+    group_kernel(std::int32_t const* routes, int n_slots, int n_expert_used, int n_expert, int shared_rows, Tile* tiles,
+                 int* tile_count, int* row_token, int* slot_row) {
+  extern __shared__ int cursor[];  // [n_expert]: counts, then each expert's next row
+  for (int e = threadIdx.x; e < n_expert; e += blockDim.x) cursor[e] = 0;
+  __syncthreads();
+  for (int s = threadIdx.x; s < n_slots; s += blockDim.x)
+    if (std::int32_t const e = routes[s]; e >= 0 && e < n_expert) atomicAdd(&cursor[e], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int row = shared_rows, n_tiles = 0;
+    for (int e = 0; e < n_expert; ++e) {
+      int const count = cursor[e];
+      for (int r = 0; r < count; r += kTokens) tiles[n_tiles++] = {e, row + r, min(kTokens, count - r)};
+      cursor[e] = row;
+      row += count;
+    }
+    *tile_count = n_tiles;
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < shared_rows; t += blockDim.x) row_token[t] = t;
+  for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+    std::int32_t const e = routes[s];
+    int row = -1;
+    if (e >= 0 && e < n_expert) {
+      row = atomicAdd(&cursor[e], 1);
+      row_token[row] = s / n_expert_used;
+    }
+    slot_row[s] = row;
+  }
+}
+
+enum class Pass {
+  kGateUp,     ///< y = silu(gate x) * (up x)
+  kGate,       ///< y = gate x
+  kUpSwiglu,   ///< y = silu(y) * (up x)
+  kDown,       ///< y = down x
+};
+
+struct ProjectParams {
+  StackedView w;   ///< gate, up or down
+  StackedView up;  ///< kGateUp: up
+  /// The tiles: a device list (its length at *tile_count), or, when null, dense_rows rows of
+  /// expert 0 from row 0 (the shared expert).
+  Tile const* tiles;
+  int const* tile_count;
+  int dense_rows;
+  int const* row_token;  ///< x's row of each pair row; null: the pair row itself
+  float const* x;        ///< [.., xs] the projection's input (rounded for block formats)
+  std::int64_t xs;
+  float* y;  ///< [pair rows, ys]
+  std::int64_t ys;
+};
+
+/// Steps 3 and 4. Grid: x output rows by kWarps, y tiles (strided).
+template <class Arch, WeightFormat kF, bool kAligned, Pass kPass>
+__global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams const p) {
+  int const lane = static_cast<int>(threadIdx.x % 32);
+  std::int64_t const o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (o >= p.w.first.rows) return;
+  int const n_tiles = p.tiles ? *p.tile_count : (p.dense_rows + kTokens - 1) / kTokens;
+  for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
+    Tile const tile = p.tiles ? p.tiles[i] : Tile{0, i * kTokens, min(kTokens, p.dense_rows - i * kTokens)};
+    float const* x[kTokens];
+#pragma unroll
+    for (int tt = 0; tt < kTokens; ++tt) {
+      int const row = tile.row + (tt < tile.n ? tt : 0);
+      x[tt] = p.x + static_cast<std::int64_t>(p.row_token ? p.row_token[row] : row) * p.xs;
+    }
+    float acc[kTokens] = {};
+    linear_cuda::lane_dot<kF, kAligned>(p.w.at(tile.expert), o, x, tile.n, lane, acc);
+    float up[kTokens] = {};
+    if constexpr (kPass == Pass::kGateUp) linear_cuda::lane_dot<kF, kAligned>(p.up.at(tile.expert), o, x, tile.n, lane, up);
+#pragma unroll
+    for (int tt = 0; tt < kTokens; ++tt) {
+      float const a = cuda::warp_sum(acc[tt]);
+      float const u = kPass == Pass::kGateUp ? cuda::warp_sum(up[tt]) : 0.0f;  // every lane takes part
+      if (lane != 0 || tt >= tile.n) continue;
+      float& y = p.y[static_cast<std::int64_t>(tile.row + tt) * p.ys + o];
+      if constexpr (kPass == Pass::kGateUp)
+        y = cuda::silu(a) * u;
+      else if constexpr (kPass == Pass::kUpSwiglu)
+        y = cuda::silu(y) * a;
+      else
+        y = a;
+    }
+  }
+}
+
+/// Step 5: one thread per output value.
+template <class Arch>
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(float* out, float const* y, std::int64_t d_model, std::int64_t n_tokens, int const* slot_row,
+                   float const* route_weights, int n_expert_used, float const* shared_weights) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n_tokens * d_model;
+       i += static_cast<std::int64_t>(gridDim.x) * kThreads) {
+    std::int64_t const t = i / d_model, o = i % d_model;
+    float v = out[i];
+    for (int j = 0; j < n_expert_used; ++j)
+      if (int const row = slot_row[t * n_expert_used + j]; row >= 0)
+        v += route_weights[t * n_expert_used + j] * y[row * d_model + o];
+    if (shared_weights) v += shared_weights[t] * y[t * d_model + o];
+    out[i] = v;
+  }
+}
+
+/// Pieces of one workspace, each 256-byte aligned: offsets first, then pointers.
+class Workspace {
+ public:
+  template <class T>
+  std::size_t reserve(std::int64_t n) {
+    std::size_t const at = size_;
+    size_ += (static_cast<std::size_t>(n) * sizeof(T) + 255) / 256 * 256;
+    return at;
+  }
+  Status allocate(cudaStream_t stream) {
+    return cudaMallocAsync(&base_, std::max<std::size_t>(size_, 1), stream) == cudaSuccess ? Status::kSuccess
+                                                                                          : Status::kErrorCuda;
+  }
+  template <class T>
+  T* at(std::size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<std::byte*>(base_) + offset);
+  }
+  Status release(cudaStream_t stream) {
+    return !base_ || cudaFreeAsync(base_, stream) == cudaSuccess ? Status::kSuccess : Status::kErrorCuda;
+  }
+
+ private:
+  std::size_t size_ = 0;
+  void* base_ = nullptr;
+};
+
+/// Launches project_kernel over at most max_tiles tiles, for w's format.
+template <class Arch, MoeSpec S>
+Status project(Pass pass, ProjectParams const& p, std::int64_t max_tiles, cudaStream_t stream) {
+  dim3 const grid(static_cast<unsigned>((p.w.first.rows + kWarps - 1) / kWarps),
+                  static_cast<unsigned>(std::clamp<std::int64_t>(max_tiles, 1, kMaxTileBlocks)));
+  auto vector_path = [&](StackedView const& w) {
+    return linear_cuda::vector_path(w.first, p.x, p.xs) && w.data_stride % 16 == 0;
+  };
+  bool const vec = vector_path(p.w) && (pass != Pass::kGateUp || vector_path(p.up));
+  return linear_cuda::with_format<S>(p.w.first.format, [&]<WeightFormat kF>() {
+    auto go = [&]<bool kVec>() {
+      switch (pass) {
+        case Pass::kGateUp: project_kernel<Arch, kF, kVec, Pass::kGateUp><<<grid, kThreads, 0, stream>>>(p); break;
+        case Pass::kGate: project_kernel<Arch, kF, kVec, Pass::kGate><<<grid, kThreads, 0, stream>>>(p); break;
+        case Pass::kUpSwiglu: project_kernel<Arch, kF, kVec, Pass::kUpSwiglu><<<grid, kThreads, 0, stream>>>(p); break;
+        case Pass::kDown: project_kernel<Arch, kF, kVec, Pass::kDown><<<grid, kThreads, 0, stream>>>(p); break;
+      }
+      return cuda::last_launch_status();
+    };
+    if constexpr (block_values(kF) == 1)
+      if (vec) return go.template operator()<true>();
+    return go.template operator()<false>();
+  });
+}
+
+/// Whether spec S runs weight `w` on CUDA: a format it compiles, fitting the row, fp8 scales.
+template <MoeSpec S>
+Status check_weight(WeightView const& w) {
+  if (w.format == WeightFormat::kAny || (S.weights != WeightFormat::kAny && w.format != S.weights))
+    return Status::kErrorNotSupported;
+  if (!w.data || !row_fits(w.format, w.cols) || (w.format == WeightFormat::kFp8E4m3 && !w.scales))
+    return Status::kErrorInvalidProblem;
+  return Status::kSuccess;
+}
+
+/// The body of `launch_expert_ffn<S>(Arch, args, stream)` for a CUDA arch tag.
+template <class Arch, MoeSpec S>
+Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
+  if (a.token_lora) return Status::kErrorNotSupported;  // LoRA on CUDA: not yet
+  if (Status s = can_implement_expert_ffn<S>(a); s != Status::kSuccess) return s;
+  if (a.n_tokens == 0) return Status::kSuccess;
+  auto const stream = static_cast<cudaStream_t>(stream_arg);
+
+  // The two sets of experts: routed (stacked) and the shared one (a set of one).
+  struct Set {
+    StackedView gate, up, down;
+  };
+  std::optional<StackedView> const gate = stack(a.experts, &ExpertWeights::gate),
+                                   up = stack(a.experts, &ExpertWeights::up),
+                                   down = stack(a.experts, &ExpertWeights::down);
+  if (!gate || !up || !down) return Status::kErrorNotSupported;
+  Set const routed{*gate, *up, *down};
+  std::optional<Set> shared;
+  if (a.shared) shared = Set{{a.shared->gate}, {a.shared->up}, {a.shared->down}};
+  std::array<Set const*, 2> const sets{shared ? &*shared : nullptr, &routed};  // in row order
+  for (Set const* set : sets) {
+    if (!set) continue;
+    for (StackedView const* w : {&set->gate, &set->up, &set->down})
+      if (Status st = check_weight<S>(w->first); st != Status::kSuccess) return st;
+  }
+
+  auto const n_expert = static_cast<std::int64_t>(a.experts.size());
+  std::int64_t const n_slots = a.n_tokens * a.n_expert_used;
+  std::int64_t const shared_rows = shared ? a.n_tokens : 0;
+  std::int64_t const rows = shared_rows + n_slots;
+  if (rows > INT32_MAX || n_expert * static_cast<std::int64_t>(sizeof(int)) > 48 * 1024)
+    return Status::kErrorNotSupported;
+  std::int64_t const d_model = routed.gate.first.cols;
+  std::int64_t const d_ff_max = std::max(routed.gate.first.rows, shared ? shared->gate.first.rows : 0);
+  std::int64_t const max_tiles = (n_slots + kTokens - 1) / kTokens + std::min(n_expert, n_slots);
+  std::int64_t const shared_tiles = (shared_rows + kTokens - 1) / kTokens;
+
+  // Workspace: the grouping, the tokens rounded per rounding, SwiGLU outputs (and rounded),
+  // the down projections of every row.
+  Workspace ws;
+  std::size_t const tiles_at = ws.reserve<Tile>(max_tiles), tile_count_at = ws.reserve<int>(1),
+                    row_token_at = ws.reserve<int>(rows), slot_row_at = ws.reserve<int>(n_slots),
+                    act_at = ws.reserve<float>(rows * d_ff_max), y_at = ws.reserve<float>(rows * d_model);
+  constexpr int kRoundings = 3;
+  bool x_rounded[kRoundings] = {}, act_rounded[kRoundings] = {};
+  for (Set const* set : sets)
+    if (set) {
+      x_rounded[static_cast<int>(linear_cuda::rounding(set->gate.first.format))] = true;
+      x_rounded[static_cast<int>(linear_cuda::rounding(set->up.first.format))] = true;
+      act_rounded[static_cast<int>(linear_cuda::rounding(set->down.first.format))] = true;
+    }
+  std::size_t xr_at[kRoundings] = {}, act_r_at[kRoundings] = {};
+  for (int r = 1; r < kRoundings; ++r) {
+    if (x_rounded[r]) xr_at[r] = ws.reserve<float>(a.n_tokens * d_model);
+    if (act_rounded[r]) act_r_at[r] = ws.reserve<float>(rows * d_ff_max);
+  }
+  if (Status st = ws.allocate(stream); st != Status::kSuccess) return st;
+  auto* const tiles = ws.at<Tile>(tiles_at);
+  auto* const tile_count = ws.at<int>(tile_count_at);
+  auto* const row_token = ws.at<int>(row_token_at);
+  auto* const slot_row = ws.at<int>(slot_row_at);
+  auto* const act = ws.at<float>(act_at);
+  auto* const y = ws.at<float>(y_at);
+  // Format f's input: x, or its rounding into the piece at[rounding].
+  auto input = [&](std::size_t const (&at)[kRoundings], WeightFormat f, float const* x) -> float const* {
+    Rounding const r = linear_cuda::rounding(f);
+    return r == Rounding::kNone ? x : ws.at<float>(at[static_cast<int>(r)]);
+  };
+
+  auto run = [&]() -> Status {
+    // 1. Grouping.
+    group_kernel<Arch><<<1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream>>>(
+        a.routes, static_cast<int>(n_slots), a.n_expert_used, static_cast<int>(n_expert), static_cast<int>(shared_rows),
+        tiles, tile_count, row_token, slot_row);
+    if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+    // 2. The tokens rounded.
+    for (int r = 1; r < kRoundings; ++r)
+      if (x_rounded[r])
+        if (Status st = linear_cuda::round_rows<Arch>(static_cast<Rounding>(r), a.x, d_model, a.n_tokens, d_model,
+                                                       ws.at<float>(xr_at[r]), d_model, stream);
+            st != Status::kSuccess)
+          return st;
+    // Unused routed rows stay zero for the rounding of step 4.
+    if (cudaMemsetAsync(act, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
+      return Status::kErrorCuda;
+    // 3. and 4., per set.
+    for (Set const* set : sets) {
+      if (!set) continue;
+      bool const is_shared = set != &routed;
+      std::int64_t const row0 = is_shared ? 0 : shared_rows, set_rows = is_shared ? shared_rows : n_slots;
+      std::int64_t const d_ff = set->gate.first.rows;
+      ProjectParams p{};
+      p.tiles = is_shared ? nullptr : tiles;
+      p.tile_count = tile_count;
+      p.dense_rows = static_cast<int>(shared_rows);
+      std::int64_t const set_tiles = is_shared ? shared_tiles : max_tiles;
+      p.row_token = row_token;
+      p.xs = d_model;
+      p.y = act;
+      p.ys = d_ff_max;
+      WeightFormat const gf = set->gate.first.format, uf = set->up.first.format;
+      if (gf == uf && a.fused_swiglu) {
+        p.w = set->gate, p.up = set->up, p.x = input(xr_at, gf, a.x);
+        if (Status st = project<Arch, S>(Pass::kGateUp, p, set_tiles, stream); st != Status::kSuccess) return st;
+      } else {
+        p.w = set->gate, p.x = input(xr_at, gf, a.x);
+        if (Status st = project<Arch, S>(Pass::kGate, p, set_tiles, stream); st != Status::kSuccess) return st;
+        p.w = set->up, p.x = input(xr_at, uf, a.x);
+        if (Status st = project<Arch, S>(Pass::kUpSwiglu, p, set_tiles, stream); st != Status::kSuccess) return st;
+      }
+      WeightFormat const df = set->down.first.format;
+      if (Rounding const r = linear_cuda::rounding(df); r != Rounding::kNone)
+        if (Status st = linear_cuda::round_rows<Arch>(r, act + row0 * d_ff_max, d_ff_max, set_rows, d_ff,
+                                                       ws.at<float>(act_r_at[static_cast<int>(r)]) + row0 * d_ff_max,
+                                                       d_ff_max, stream);
+            st != Status::kSuccess)
+          return st;
+      p.w = set->down, p.up = {};
+      p.row_token = nullptr, p.x = input(act_r_at, df, act), p.xs = d_ff_max;
+      p.y = y, p.ys = d_model;
+      if (Status st = project<Arch, S>(Pass::kDown, p, set_tiles, stream); st != Status::kSuccess) return st;
+    }
+    // 5. Combine.
+    std::int64_t const values = a.n_tokens * d_model;
+    auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((values + kThreads - 1) / kThreads, 1 << 16));
+    combine_kernel<Arch><<<blocks, kThreads, 0, stream>>>(a.out, y, d_model, a.n_tokens, slot_row, a.route_weights,
+                                                          a.n_expert_used, shared ? a.shared_weights : nullptr);
+    return cuda::last_launch_status();
+  };
+  Status status = run();
+  if (Status st = ws.release(stream); status == Status::kSuccess) status = st;
+  return status;
+}
+
+}  // namespace qflash::kernels::expert_ffn_cuda

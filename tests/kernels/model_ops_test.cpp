@@ -192,7 +192,8 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
   // Prefill runs several tokens per pass through a weight row, decode one: each (row, token)
   // sum is the same chain of operations either way, so a batch gives each token its one-token
   // result, bit for bit (what a serving engine needs for batched and single runs to agree).
-  // Exception: the formats on AMX tiles, from kAmxMinTokens tokens, within fp32 rounding (kDot).
+  // Exceptions, within fp32 rounding (kDot): the formats on AMX tiles, from kAmxMinTokens
+  // tokens, and q8_0 panels on AVX-512 VNNI, from kPanelMinTokens.
   int const n_out = 19;  // rows over a few tiles
   for (int n_in : {512, 512 + 37, 352})  // whole GGUF blocks; columns past a vector; 8 + 3 q8_0 blocks
   for (int n_tok : {2, 5, 11, 20})
@@ -219,7 +220,7 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
           a.y = one.data() + t * n_out;
           REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
         }
-        if (cpu::amx_applies(isa, f, n_in, n_tok)) {
+        if (cpu::amx_applies(isa, f, n_in, n_tok) || cpu::q8_0_panels_apply(isa, f, n_tok)) {
           auto r = all_close<float, float>(batch, one, kDot);
           CHECK_MESSAGE(r.ok, r.report);
           CHECK(batch != one);  // the tiles ran
@@ -227,6 +228,31 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
           CHECK(batch == one);
         }
       }
+}
+
+TEST_CASE("linear: q8_0 panels on AVX-512 VNNI give the AMX tiles' sums, bit for bit") {
+  // Both add each block's exact int32 sum into fp32 as sum * (d_w * d_x), block after block.
+  auto const isas = isas_here();
+  if (std::find(isas.begin(), isas.end(), arch::CpuIsa::kAmx) == isas.end()) return;
+  for (auto [n_tok, n_in, n_out] : {std::array<int, 3>{8, 64, 16}, {37, 352, 50}, {70, 2048, 35}}) {
+    CAPTURE(n_tok);
+    CAPTURE(n_in);
+    CAPTURE(n_out);
+    auto const x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 11);
+    auto const wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 12);
+    auto const w = encode_matrix(WeightFormat::kQ8_0, wf.data(), n_out, n_in);
+    std::vector<float> tiles(static_cast<std::size_t>(n_tok * n_out)), panels(tiles.size());
+    LinearArgs a{};
+    a.w = w.view;
+    a.x = x.data();
+    a.n_tokens = n_tok;
+    a.y = tiles.data();
+    REQUIRE(cpu::linear(arch::CpuIsa::kAmx, a) == Status::kSuccess);
+    a.y = panels.data();
+    REQUIRE(cpu::q8_0_panels_apply(arch::CpuIsa::kAvx512Bf16, WeightFormat::kQ8_0, n_tok));
+    REQUIRE(cpu::linear(arch::CpuIsa::kAvx512Bf16, a) == Status::kSuccess);
+    CHECK(tiles == panels);
+  }
 }
 
 TEST_CASE("linear: the reference's decoded rows are the format's dequantization") {

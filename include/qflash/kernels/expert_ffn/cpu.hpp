@@ -268,7 +268,10 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   s.amx_act_at.clear();
   s.amx_x_at.clear();
   amx_pack_experts(isa, s, 0, rows_of, s.amx_x, s.amx_x_at);
-  std::int64_t const amx_rows_multiple = isa >= arch::CpuIsa::kAmx ? 2 * kAmxRows : kTileRows;
+  // Row blocks of whole AMX passes, or of whole q8_0 panels.
+  std::int64_t const amx_rows_multiple = isa >= arch::CpuIsa::kAmx          ? 2 * kAmxRows
+                                         : isa >= arch::CpuIsa::kAvx512Vnni ? kPanelRows
+                                                                             : kTileRows;
 
   // 1. gate, up, SwiGLU: items (expert, row block).
   int const threads = max_threads();

@@ -41,6 +41,9 @@ inline constexpr int kPairValues = 64;
 enum class ActBlocks : int { kNone = 0, kQ8_0 = 1, kQ8K = 2, kQ8Pairs = 3 };
 inline constexpr int kActBlockKinds = 4;
 
+/// Weight rows of a q8_0 panel (cpu_quant_avx512.hpp: q8_0_pack_panel).
+inline constexpr int kPanelRows = 16;
+
 constexpr ActBlocks act_blocks(WeightFormat f) {
   switch (f) {
     case WeightFormat::kQ8_0: return ActBlocks::kQ8_0;

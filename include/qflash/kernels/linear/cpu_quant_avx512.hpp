@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "qflash/kernels/linear/cpu_quant.hpp"
 
@@ -144,6 +145,67 @@ template <int R, int NT>
 QFLASH_TARGET_AVX512_VNNI void dot_tile_avx512(BlockQ8_0 const* w, std::int64_t stride, BlockQ8_0 const* const* x,
                                                std::int64_t nb, float* out) {
   q8_0_tile<R, NT>(w, stride, x, nb, out);
+}
+
+// ---- q8_0 panels: 16 rows' blocks interleaved, for prefill ---------------------------------
+// A panel holds, per block, 8 code registers (register k: bytes 4k..4k+3 of each of the 16
+// rows' block, row m in dword m), the rows' scales as fp32, and each row's start: -128 times
+// its code sum. A token's 4 code bytes are broadcast, offset to x + 128 (unsigned, one xor),
+// and vpdpbusd adds them against a register for 16 rows at once; the start makes each int32
+// the exact block sum, which is then added into fp32 as sum * (d_w * d_x) block after block:
+// AmxQ8Tiles' arithmetic, so a panel row's sums equal the AMX tiles' bit for bit.
+
+inline constexpr std::int64_t kPanelBlockBytes = 8 * 64 + 64 + 64;
+inline constexpr std::int64_t kPanelScales = 8 * 64, kPanelStarts = 8 * 64 + 64;
+
+/// Blocks [0, nb) of rows [0, 16) (`stride` bytes apart) into `panel` (nb * kPanelBlockBytes).
+QFLASH_TARGET_AVX512_VNNI inline void q8_0_pack_panel(BlockQ8_0 const* w, std::int64_t stride, std::int64_t nb,
+                                                      std::byte* panel) {
+  __m512i const rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(stride)));
+  __m512i const offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (std::int64_t b = 0; b < nb; ++b) {
+    auto const* block = reinterpret_cast<char const*>(w + b);
+    std::byte* out = panel + b * kPanelBlockBytes;
+    __m512i sum = _mm512_setzero_si512();  // 128 times each row's code sum
+    for (int k = 0; k < 8; ++k) {
+      __m512i const codes = _mm512_i32gather_epi32(rows, block + offsetof(BlockQ8_0, qs) + 4 * k, 1);
+      _mm512_storeu_si512(out + 64 * k, codes);
+      sum = _mm512_dpbusd_epi32(sum, offset, codes);
+    }
+    static_assert(offsetof(BlockQ8_0, d) == 0);
+    __m512i const heads = _mm512_i32gather_epi32(rows, block, 1);  // d in each dword's low half
+    _mm512_storeu_ps(out + kPanelScales, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(heads)));
+    _mm512_storeu_si512(out + kPanelStarts, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+  }
+}
+
+/// A panel's 16 rows against NT q8_0 activation rows x[t]: out[16 t + m].
+template <int NT>
+QFLASH_TARGET_AVX512_VNNI void q8_0_panel_tokens(std::byte const* panel, BlockQ8_0 const* const* x, std::int64_t nb,
+                                                 float* out) {
+  __m512i const offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::byte const* pb = panel + b * kPanelBlockBytes;
+    __m512i sum[NT];
+    __m512i const start = _mm512_loadu_si512(pb + kPanelStarts);
+    for (int t = 0; t < NT; ++t) sum[t] = start;
+    for (int k = 0; k < 8; ++k) {
+      __m512i const codes = _mm512_loadu_si512(pb + 64 * k);
+      for (int t = 0; t < NT; ++t) {
+        std::int32_t q;
+        std::memcpy(&q, x[t][b].qs + 4 * k, 4);
+        sum[t] = _mm512_dpbusd_epi32(sum[t], _mm512_xor_si512(_mm512_set1_epi32(q), offset), codes);
+      }
+    }
+    __m512 const dw = _mm512_loadu_ps(pb + kPanelScales);
+    for (int t = 0; t < NT; ++t)
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(avx2_float(x[t][b].d))),
+                               acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
 }
 
 // ---- q4_k: a block's 128 code bytes as two registers -------------------------------------

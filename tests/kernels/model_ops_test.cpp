@@ -193,7 +193,7 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
   // sum is the same chain of operations either way, so a batch gives each token its one-token
   // result, bit for bit (what a serving engine needs for batched and single runs to agree).
   // Exceptions, within fp32 rounding (kDot): the formats on AMX tiles, from kAmxMinTokens
-  // tokens, and q8_0 panels on AVX-512 VNNI, from kPanelMinTokens.
+  // tokens, and q8_0 and q4_k panels on AVX-512 VNNI, from kPanelMinTokens.
   int const n_out = 19;  // rows over a few tiles
   for (int n_in : {512, 512 + 37, 352})  // whole GGUF blocks; columns past a vector; 8 + 3 q8_0 blocks
   for (int n_tok : {2, 5, 11, 20})
@@ -220,7 +220,7 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
           a.y = one.data() + t * n_out;
           REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
         }
-        if (cpu::amx_applies(isa, f, n_in, n_tok) || cpu::q8_0_panels_apply(isa, f, n_tok)) {
+        if (cpu::amx_applies(isa, f, n_in, n_tok) || cpu::panels_apply(isa, f, n_tok)) {
           auto r = all_close<float, float>(batch, one, kDot);
           CHECK_MESSAGE(r.ok, r.report);
           CHECK(batch != one);  // the tiles ran
@@ -249,7 +249,7 @@ TEST_CASE("linear: q8_0 panels on AVX-512 VNNI give the AMX tiles' sums, bit for
     a.y = tiles.data();
     REQUIRE(cpu::linear(arch::CpuIsa::kAmx, a) == Status::kSuccess);
     a.y = panels.data();
-    REQUIRE(cpu::q8_0_panels_apply(arch::CpuIsa::kAvx512Bf16, WeightFormat::kQ8_0, n_tok));
+    REQUIRE(cpu::panels_apply(arch::CpuIsa::kAvx512Bf16, WeightFormat::kQ8_0, n_tok));
     REQUIRE(cpu::linear(arch::CpuIsa::kAvx512Bf16, a) == Status::kSuccess);
     CHECK(tiles == panels);
   }

@@ -469,16 +469,18 @@ inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int6
   }
 }
 
-/// Fewest tokens that run q8_0 rows in panels (q8_0_panel_tokens) on AVX-512 VNNI.
+/// Fewest tokens that run q8_0 and q4_k rows in panels (q8_0_panel_tokens, q4_k_panel_tokens)
+/// on AVX-512 VNNI.
 inline constexpr std::int64_t kPanelMinTokens = 8;
 /// Tokens per panel pass.
 inline constexpr int kPanelTokens = 8;
 
-/// True when q8_0 rows of a projection of n_tokens tokens run in panels at `isa` (16-row
+/// True when rows in format f of a projection of n_tokens tokens run in panels at `isa` (16-row
 /// panels; the rows past the last whole panel, and token blocks under kPanelMinTokens, on the
 /// row kernels). A token's sums there equal its one-token sums within fp32 rounding.
-inline bool q8_0_panels_apply(arch::CpuIsa isa, WeightFormat f, std::int64_t n_tokens) {
-  return f == WeightFormat::kQ8_0 && isa >= arch::CpuIsa::kAvx512Vnni && n_tokens >= kPanelMinTokens;
+inline bool panels_apply(arch::CpuIsa isa, WeightFormat f, std::int64_t n_tokens) {
+  return (f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4K) && isa >= arch::CpuIsa::kAvx512Vnni &&
+         n_tokens >= kPanelMinTokens;
 }
 
 #if QFLASH_HAS_X86_SIMD
@@ -544,26 +546,39 @@ void quant_rows_tokens(LinearRows const& p, std::int64_t o, std::int64_t nb, std
   }
 }
 
-/// Tokens [b0, b1) through the whole 16-row panels of rows [o0, o1) of a q8_0 projection,
-/// each panel packed once for them; returns the first row left.
-inline std::int64_t q8_0_panel_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1, std::int64_t nb,
-                                    std::int64_t b0, std::int64_t b1) {
+/// Tokens [b0, b1) through the whole 16-row panels of rows [o0, o1) of a q8_0 or q4_k
+/// projection (WB its block, XB the activations'), each panel packed once for them; returns
+/// the first row left.
+template <class WB, class XB>
+std::int64_t panel_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1, std::int64_t nb, std::int64_t b0,
+                        std::int64_t b1) {
+  constexpr bool kQ8_0 = std::is_same_v<WB, BlockQ8_0>;
   thread_local std::vector<std::byte> panel;
-  panel.resize(static_cast<std::size_t>(nb * kPanelBlockBytes));
+  panel.resize(static_cast<std::size_t>(nb * (kQ8_0 ? kQ8_0PanelBlockBytes : kQ4KPanelBlockBytes)));
+  auto tokens = [&]<int NT>(XB const* const* x, float* out) {
+    if constexpr (kQ8_0)
+      q8_0_panel_tokens<NT>(panel.data(), x, nb, out);
+    else
+      q4_k_panel_tokens<NT>(panel.data(), x, nb, out);
+  };
   std::int64_t o = o0;
   for (; o + kPanelRows <= o1; o += kPanelRows) {
-    q8_0_pack_panel(reinterpret_cast<BlockQ8_0 const*>(p.w.row(o)), p.w.row_bytes(), nb, panel.data());
+    auto const* w = reinterpret_cast<WB const*>(p.w.row(o));
+    if constexpr (kQ8_0)
+      q8_0_pack_panel(w, p.w.row_bytes(), nb, panel.data());
+    else
+      q4_k_pack_panel(w, p.w.row_bytes(), nb, panel.data());
     for (std::int64_t t = b0; t < b1;) {
       std::int64_t const left = b1 - t;
       int const nt = left >= kPanelTokens ? kPanelTokens : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      BlockQ8_0 const* x[kPanelTokens];
-      for (int k = 0; k < nt; ++k) x[k] = reinterpret_cast<BlockQ8_0 const*>(p.xq_row(t + k));
+      XB const* x[kPanelTokens];
+      for (int k = 0; k < nt; ++k) x[k] = reinterpret_cast<XB const*>(p.xq_row(t + k));
       alignas(64) float out[kPanelTokens * kPanelRows];
       switch (nt) {
-        case kPanelTokens: q8_0_panel_tokens<kPanelTokens>(panel.data(), x, nb, out); break;
-        case 4: q8_0_panel_tokens<4>(panel.data(), x, nb, out); break;
-        case 2: q8_0_panel_tokens<2>(panel.data(), x, nb, out); break;
-        default: q8_0_panel_tokens<1>(panel.data(), x, nb, out); break;
+        case kPanelTokens: tokens.template operator()<kPanelTokens>(x, out); break;
+        case 4: tokens.template operator()<4>(x, out); break;
+        case 2: tokens.template operator()<2>(x, out); break;
+        default: tokens.template operator()<1>(x, out); break;
       }
       for (int k = 0; k < nt; ++k) store_dots16(p, t + k, o, out + kPanelRows * k);
       t += nt;
@@ -576,7 +591,7 @@ inline std::int64_t q8_0_panel_rows(LinearRows const& p, std::int64_t o0, std::i
 /// activations'): one token goes through kQuantRows rows per pass (decode: the weights stream
 /// from memory, the next rows prefetched); several go kQuantTokens per pass through each row
 /// (prefill: each block unpacked once for them). Both give a token the same sums, bit for bit;
-/// q8_0 on AVX-512 VNNI runs kPanelMinTokens or more through 16-row panels instead.
+/// q8_0 and q4_k on AVX-512 VNNI run kPanelMinTokens or more through 16-row panels instead.
 template <Simd V, class WB, class XB>
 void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   constexpr int kRows = kQuantRows<V>;
@@ -588,8 +603,8 @@ void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
     if (b1 - b0 > 1) {
       constexpr int kTile = kQuantTileRows<WB>;
       std::int64_t o = o0;
-      if constexpr (V == Simd::kAvx512 && std::is_same_v<WB, BlockQ8_0>)
-        if (b1 - b0 >= kPanelMinTokens) o = q8_0_panel_rows(p, o0, o1, nb, b0, b1);
+      if constexpr (V == Simd::kAvx512 && (std::is_same_v<WB, BlockQ8_0> || std::is_same_v<WB, BlockQ4K>))
+        if (b1 - b0 >= kPanelMinTokens) o = panel_rows<WB, XB>(p, o0, o1, nb, b0, b1);
       if constexpr (kTile > 1)
         for (; o + kTile <= o1; o += kTile) quant_rows_tokens<V, kTile, WB, XB>(p, o, nb, b0, b1);
       for (; o < o1; ++o) quant_rows_tokens<V, 1, WB, XB>(p, o, nb, b0, b1);
@@ -713,7 +728,7 @@ Status linear(arch::CpuIsa isa, LinearArgs const& a) {
     amx_pack(p, packed);
   }
   std::int64_t const block =
-      row_block(a.w.rows, max_threads(), amx ? 2 * kAmxRows : q8_0_panels_apply(isa, a.w.format, a.n_tokens) ? kPanelRows : kTileRows);
+      row_block(a.w.rows, max_threads(), amx ? 2 * kAmxRows : panels_apply(isa, a.w.format, a.n_tokens) ? kPanelRows : kTileRows);
   std::int64_t const n_blocks = (a.w.rows + block - 1) / block;
   parallel_for(0, n_blocks, block * a.w.cols * std::max<std::int64_t>(1, a.n_tokens), [&](std::int64_t b) {
     linear_rows<F>(isa, p, b * block, std::min(a.w.rows, (b + 1) * block));

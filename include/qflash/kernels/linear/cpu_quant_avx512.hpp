@@ -155,10 +155,10 @@ QFLASH_TARGET_AVX512_VNNI void dot_tile_avx512(BlockQ8_0 const* w, std::int64_t 
 // the exact block sum, which is then added into fp32 as sum * (d_w * d_x) block after block:
 // AmxQ8Tiles' arithmetic, so a panel row's sums equal the AMX tiles' bit for bit.
 
-inline constexpr std::int64_t kPanelBlockBytes = 8 * 64 + 64 + 64;
-inline constexpr std::int64_t kPanelScales = 8 * 64, kPanelStarts = 8 * 64 + 64;
+inline constexpr std::int64_t kQ8_0PanelBlockBytes = 8 * 64 + 64 + 64;
+inline constexpr std::int64_t kQ8_0PanelScales = 8 * 64, kQ8_0PanelStarts = 8 * 64 + 64;
 
-/// Blocks [0, nb) of rows [0, 16) (`stride` bytes apart) into `panel` (nb * kPanelBlockBytes).
+/// Blocks [0, nb) of rows [0, 16) (`stride` bytes apart) into `panel` (nb * kQ8_0PanelBlockBytes).
 QFLASH_TARGET_AVX512_VNNI inline void q8_0_pack_panel(BlockQ8_0 const* w, std::int64_t stride, std::int64_t nb,
                                                       std::byte* panel) {
   __m512i const rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -166,7 +166,7 @@ QFLASH_TARGET_AVX512_VNNI inline void q8_0_pack_panel(BlockQ8_0 const* w, std::i
   __m512i const offset = _mm512_set1_epi8(static_cast<char>(0x80));
   for (std::int64_t b = 0; b < nb; ++b) {
     auto const* block = reinterpret_cast<char const*>(w + b);
-    std::byte* out = panel + b * kPanelBlockBytes;
+    std::byte* out = panel + b * kQ8_0PanelBlockBytes;
     __m512i sum = _mm512_setzero_si512();  // 128 times each row's code sum
     for (int k = 0; k < 8; ++k) {
       __m512i const codes = _mm512_i32gather_epi32(rows, block + offsetof(BlockQ8_0, qs) + 4 * k, 1);
@@ -175,8 +175,8 @@ QFLASH_TARGET_AVX512_VNNI inline void q8_0_pack_panel(BlockQ8_0 const* w, std::i
     }
     static_assert(offsetof(BlockQ8_0, d) == 0);
     __m512i const heads = _mm512_i32gather_epi32(rows, block, 1);  // d in each dword's low half
-    _mm512_storeu_ps(out + kPanelScales, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(heads)));
-    _mm512_storeu_si512(out + kPanelStarts, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+    _mm512_storeu_ps(out + kQ8_0PanelScales, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(heads)));
+    _mm512_storeu_si512(out + kQ8_0PanelStarts, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
   }
 }
 
@@ -188,9 +188,9 @@ QFLASH_TARGET_AVX512_VNNI void q8_0_panel_tokens(std::byte const* panel, BlockQ8
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b) {
-    std::byte const* pb = panel + b * kPanelBlockBytes;
+    std::byte const* pb = panel + b * kQ8_0PanelBlockBytes;
     __m512i sum[NT];
-    __m512i const start = _mm512_loadu_si512(pb + kPanelStarts);
+    __m512i const start = _mm512_loadu_si512(pb + kQ8_0PanelStarts);
     for (int t = 0; t < NT; ++t) sum[t] = start;
     for (int k = 0; k < 8; ++k) {
       __m512i const codes = _mm512_loadu_si512(pb + 64 * k);
@@ -200,10 +200,118 @@ QFLASH_TARGET_AVX512_VNNI void q8_0_panel_tokens(std::byte const* panel, BlockQ8
         sum[t] = _mm512_dpbusd_epi32(sum[t], _mm512_xor_si512(_mm512_set1_epi32(q), offset), codes);
       }
     }
-    __m512 const dw = _mm512_loadu_ps(pb + kPanelScales);
+    __m512 const dw = _mm512_loadu_ps(pb + kQ8_0PanelScales);
     for (int t = 0; t < NT; ++t)
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(avx2_float(x[t][b].d))),
                                acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
+}
+
+// ---- q4_k panels ----------------------------------------------------------------------------
+// Per block: 64 code registers (register g: values 4g..4g+3 of each of the 16 rows, as bytes
+// 0..15, row m in dword m), the 8 sub-block scales as int32 per row, the 8 mins as int16 pairs
+// per row (pair p: sub-blocks 2p, 2p + 1), then d and dmin as fp32. The codes are vpdpbusd's
+// unsigned operand and the activations' bytes its signed one, so no offset is needed. Per
+// (row, token) the sub-block sums are exact int32, scaled by their integer scales in int32, and
+// the mins against the activations' sub-block sums in int32; the block then adds into fp32
+// as sum * (d d_x) - mins * (dmin d_x).
+
+inline constexpr std::int64_t kQ4KPanelBlockBytes = 64 * 64 + 8 * 64 + 4 * 64 + 2 * 64;
+inline constexpr std::int64_t kQ4KPanelScales = 64 * 64, kQ4KPanelMins = kQ4KPanelScales + 8 * 64,
+                              kQ4KPanelD = kQ4KPanelMins + 4 * 64;
+
+/// Byte i of each dword of v, zero-extended.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_byte_epi32(__m512i v, int i) {
+  return _mm512_and_si512(_mm512_srli_epi32(v, static_cast<unsigned>(8 * i)), _mm512_set1_epi32(0xff));
+}
+
+/// Blocks [0, nb) of rows [0, 16) (`stride` bytes apart) into `panel` (nb * kQ4KPanelBlockBytes),
+/// gathered a dword per row: 32 gathers give the 64 code registers (a dword of qs holds 4
+/// values' low nibbles and 4 others' high ones), 4 the scales, mins, d and dmin.
+QFLASH_TARGET_AVX512_VNNI inline void q4_k_pack_panel(BlockQ4K const* w, std::int64_t stride, std::int64_t nb,
+                                                      std::byte* panel) {
+  __m512i const rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(stride)));
+  __m512i const nibble = _mm512_set1_epi8(0x0f);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    auto const* block = reinterpret_cast<char const*>(w + b);
+    std::byte* out = panel + b * kQ4KPanelBlockBytes;
+    // Values 64p + 4i.. sit in the low nibbles of qs dword 8p + i, values 64p + 32 + 4i.. in its high ones.
+    for (int p = 0; p < 4; ++p)
+      for (int i = 0; i < 8; ++i) {
+        __m512i const q = _mm512_i32gather_epi32(rows, block + offsetof(BlockQ4K, qs) + 32 * p + 4 * i, 1);
+        _mm512_storeu_si512(out + 64 * (16 * p + i), _mm512_and_si512(q, nibble));
+        _mm512_storeu_si512(out + 64 * (16 * p + 8 + i), _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble));
+      }
+    // gguf::q4_k_scale_min for 16 rows at once, from the 12 packed bytes as 3 dwords.
+    __m512i const s0 = _mm512_i32gather_epi32(rows, block + offsetof(BlockQ4K, scales), 1);
+    __m512i const s1 = _mm512_i32gather_epi32(rows, block + offsetof(BlockQ4K, scales) + 4, 1);
+    __m512i const s2 = _mm512_i32gather_epi32(rows, block + offsetof(BlockQ4K, scales) + 8, 1);
+    __m512i const low6 = _mm512_set1_epi32(63), low4 = _mm512_set1_epi32(15);
+    __m512i mins_lo = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i sc, mn;
+      if (j < 4) {
+        sc = _mm512_and_si512(avx512_byte_epi32(s0, j), low6);
+        mn = _mm512_and_si512(avx512_byte_epi32(s1, j), low6);
+      } else {
+        sc = _mm512_or_si512(_mm512_and_si512(avx512_byte_epi32(s2, j - 4), low4),
+                             _mm512_slli_epi32(_mm512_srli_epi32(avx512_byte_epi32(s0, j - 4), 6), 4));
+        mn = _mm512_or_si512(_mm512_srli_epi32(avx512_byte_epi32(s2, j - 4), 4),
+                             _mm512_slli_epi32(_mm512_srli_epi32(avx512_byte_epi32(s1, j - 4), 6), 4));
+      }
+      _mm512_storeu_si512(out + kQ4KPanelScales + 64 * j, sc);
+      if (j % 2 == 0)
+        mins_lo = mn;
+      else
+        _mm512_storeu_si512(out + kQ4KPanelMins + 64 * (j / 2), _mm512_or_si512(mins_lo, _mm512_slli_epi32(mn, 16)));
+    }
+    static_assert(offsetof(BlockQ4K, d) == 0 && offsetof(BlockQ4K, dmin) == 2);
+    __m512i const heads = _mm512_i32gather_epi32(rows, block, 1);
+    _mm512_storeu_ps(out + kQ4KPanelD, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(heads)));
+    _mm512_storeu_ps(out + kQ4KPanelD + 64, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(heads, 16))));
+  }
+}
+
+/// A panel's 16 rows against NT q8_k activation rows x[t]: out[16 t + m].
+template <int NT>
+QFLASH_TARGET_AVX512_VNNI void q4_k_panel_tokens(std::byte const* panel, BlockQ8K const* const* x, std::int64_t nb,
+                                                 float* out) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::byte const* pb = panel + b * kQ4KPanelBlockBytes;
+    __m512i sum[NT], min[NT];
+    for (int t = 0; t < NT; ++t) sum[t] = min[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i sub[NT];
+      for (int t = 0; t < NT; ++t) sub[t] = _mm512_setzero_si512();
+      for (int g = 0; g < 8; ++g) {
+        __m512i const codes = _mm512_loadu_si512(pb + 64 * (8 * j + g));
+        for (int t = 0; t < NT; ++t) {
+          std::int32_t q;
+          std::memcpy(&q, x[t][b].qs + 32 * j + 4 * g, 4);
+          sub[t] = _mm512_dpbusd_epi32(sub[t], codes, _mm512_set1_epi32(q));
+        }
+      }
+      __m512i const sc = _mm512_loadu_si512(pb + kQ4KPanelScales + 64 * j);
+      for (int t = 0; t < NT; ++t) sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(sub[t], sc));
+    }
+    for (int p = 0; p < 4; ++p) {
+      __m512i const mins = _mm512_loadu_si512(pb + kQ4KPanelMins + 64 * p);
+      for (int t = 0; t < NT; ++t) {
+        std::int16_t const* bs = x[t][b].bsums + 4 * p;  // sub-block 2p: bs[0] + bs[1]; 2p + 1: bs[2] + bs[3]
+        auto const lo = static_cast<std::uint16_t>(bs[0] + bs[1]), hi = static_cast<std::uint16_t>(bs[2] + bs[3]);
+        min[t] = _mm512_dpwssd_epi32(min[t], mins, _mm512_set1_epi32(static_cast<std::int32_t>(lo | (std::uint32_t{hi} << 16))));
+      }
+    }
+    __m512 const d = _mm512_loadu_ps(pb + kQ4KPanelD), dmin = _mm512_loadu_ps(pb + kQ4KPanelD + 64);
+    for (int t = 0; t < NT; ++t) {
+      __m512 const xd = _mm512_set1_ps(x[t][b].d);
+      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min[t]), _mm512_mul_ps(dmin, xd), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(d, xd), acc[t]);
+    }
   }
   for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
 }

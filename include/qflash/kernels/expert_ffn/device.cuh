@@ -206,16 +206,6 @@ Status project(Pass pass, ProjectParams const& p, std::int64_t max_tiles, cudaSt
   });
 }
 
-/// Whether spec S runs weight `w` on CUDA: a format it compiles, fitting the row, fp8 scales.
-template <MoeSpec S>
-Status check_weight(WeightView const& w) {
-  if (w.format == WeightFormat::kAny || (S.weights != WeightFormat::kAny && w.format != S.weights))
-    return Status::kErrorNotSupported;
-  if (!w.data || !row_fits(w.format, w.cols) || (w.format == WeightFormat::kFp8E4m3 && !w.scales))
-    return Status::kErrorInvalidProblem;
-  return Status::kSuccess;
-}
-
 /// The body of `launch_expert_ffn<S>(Arch, args, stream)` for a CUDA arch tag.
 template <class Arch, MoeSpec S>
 Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
@@ -239,7 +229,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   for (Set const* set : sets) {
     if (!set) continue;
     for (StackedView const* w : {&set->gate, &set->up, &set->down})
-      if (Status st = check_weight<S>(w->first); st != Status::kSuccess) return st;
+      if (Status st = can_implement_weight<S>(w->first); st != Status::kSuccess) return st;
   }
 
   auto const n_expert = static_cast<std::int64_t>(a.experts.size());

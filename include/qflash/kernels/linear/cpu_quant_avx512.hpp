@@ -158,11 +158,16 @@ QFLASH_TARGET_AVX512_VNNI void dot_tile_avx512(BlockQ8_0 const* w, std::int64_t 
 inline constexpr std::int64_t kQ8_0PanelBlockBytes = 8 * 64 + 64 + 64;
 inline constexpr std::int64_t kQ8_0PanelScales = 8 * 64, kQ8_0PanelStarts = 8 * 64 + 64;
 
+/// The byte offsets of rows 0..15, `stride` apart: a panel's gather index.
+QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_row_offsets(std::int64_t stride) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(static_cast<int>(stride)));
+}
+
 /// Blocks [0, nb) of rows [0, 16) (`stride` bytes apart) into `panel` (nb * kQ8_0PanelBlockBytes).
 QFLASH_TARGET_AVX512_VNNI inline void q8_0_pack_panel(BlockQ8_0 const* w, std::int64_t stride, std::int64_t nb,
                                                       std::byte* panel) {
-  __m512i const rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int>(stride)));
+  __m512i const rows = avx512_row_offsets(stride);
   __m512i const offset = _mm512_set1_epi8(static_cast<char>(0x80));
   for (std::int64_t b = 0; b < nb; ++b) {
     auto const* block = reinterpret_cast<char const*>(w + b);
@@ -231,8 +236,7 @@ QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512i avx512_byte_epi32(__m512i v, int
 /// values' low nibbles and 4 others' high ones), 4 the scales, mins, d and dmin.
 QFLASH_TARGET_AVX512_VNNI inline void q4_k_pack_panel(BlockQ4K const* w, std::int64_t stride, std::int64_t nb,
                                                       std::byte* panel) {
-  __m512i const rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int>(stride)));
+  __m512i const rows = avx512_row_offsets(stride);
   __m512i const nibble = _mm512_set1_epi8(0x0f);
   for (std::int64_t b = 0; b < nb; ++b) {
     auto const* block = reinterpret_cast<char const*>(w + b);

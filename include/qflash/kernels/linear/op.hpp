@@ -46,16 +46,24 @@ struct LinearArgs {
   bool accumulate = false;
 };
 
-/// Checks arguments; the weight's format must be one the spec compiles (S.weights) and fit
-/// its row width.
+/// Checks a weight the spec's kernels read: a format the spec compiles (S.weights), bytes, a
+/// shape that fits the format's rows, and fp8's scales.
+template <MoeSpec S>
+[[nodiscard]] constexpr Status can_implement_weight(WeightView const& w) {
+  if (w.format == WeightFormat::kAny || (S.weights != WeightFormat::kAny && w.format != S.weights))
+    return Status::kErrorNotSupported;
+  if (!w.data || w.rows <= 0 || w.cols <= 0 || !row_fits(w.format, w.cols) ||
+      (w.format == WeightFormat::kFp8E4m3 && !w.scales))
+    return Status::kErrorInvalidProblem;
+  return Status::kSuccess;
+}
+
+/// Checks arguments; the weight as can_implement_weight does.
 template <MoeSpec S>
 [[nodiscard]] constexpr Status can_implement_linear(LinearArgs const& a) {
   if (!a.w.data || !a.x || !a.y || a.n_tokens < 0 || a.w.rows <= 0 || a.w.cols <= 0)
     return Status::kErrorInvalidProblem;
-  if (a.w.format == WeightFormat::kAny || (S.weights != WeightFormat::kAny && a.w.format != S.weights))
-    return Status::kErrorNotSupported;
-  if (!row_fits(a.w.format, a.w.cols) || (a.w.format == WeightFormat::kFp8E4m3 && !a.w.scales))
-    return Status::kErrorInvalidProblem;
+  if (Status s = can_implement_weight<S>(a.w); s != Status::kSuccess) return s;
   if ((a.x_stride != 0 && a.x_stride < a.w.cols) || (a.y_stride != 0 && a.y_stride < a.w.rows))
     return Status::kErrorInvalidProblem;
   return Status::kSuccess;

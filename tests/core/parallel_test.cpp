@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <numeric>
 #include <stdexcept>
@@ -56,23 +58,39 @@ TEST_CASE("parallel_for visits every index exactly once for every pool size") {
   }
 }
 
-TEST_CASE("parallel_for splits into contiguous chunks over the threads") {
+TEST_CASE("each thread takes a chunk's items in order") {
   DefaultThreadsAfter restore;
   set_max_threads(3);
-  // Each chunk runs on one thread, in order: record which thread ran each index.
-  std::vector<std::thread::id> who(10);
-  std::vector<std::int64_t> order;
+  // The split of 48 over 3: [0,16) [16,32) [32,48). Threads may share a chunk, but each one
+  // takes the items of a chunk front to back.
+  std::vector<std::pair<std::thread::id, std::int64_t>> order;
   std::mutex m;
-  parallel_for(0, 10, [&](std::int64_t i) {
-    who[static_cast<std::size_t>(i)] = std::this_thread::get_id();
+  parallel_for(0, 48, [&](std::int64_t i) {
     std::lock_guard lock(m);
-    order.push_back(i);
+    order.emplace_back(std::this_thread::get_id(), i);
   });
-  // OpenMP's static split of 10 over 3: [0,4) [4,7) [7,10).
-  for (std::int64_t i : {1, 2, 3}) CHECK(who[static_cast<std::size_t>(i)] == who[0]);
-  for (std::int64_t i : {5, 6}) CHECK(who[static_cast<std::size_t>(i)] == who[4]);
-  for (std::int64_t i : {8, 9}) CHECK(who[static_cast<std::size_t>(i)] == who[7]);
-  CHECK(order.size() == 10);
+  REQUIRE(order.size() == 48);
+  for (auto const& [id, i] : order)
+    for (auto const& [id2, j] : order) {
+      if (&j == &i) break;  // j was recorded before i
+      if (id2 == id && j / 16 == i / 16) CHECK(j < i);
+    }
+}
+
+TEST_CASE("threads that finish their chunk take what is left of a slow one") {
+  DefaultThreadsAfter restore;
+  set_max_threads(2);
+  // The caller's chunk [0, 32) is slow; the worker's [32, 64) is instant. Both threads run
+  // items of the slow chunk: the worker once its own are done.
+  auto const caller = std::this_thread::get_id();
+  std::vector<std::thread::id> who(64);
+  parallel_for(0, 64, [&](std::int64_t i) {
+    who[static_cast<std::size_t>(i)] = std::this_thread::get_id();
+    if (i < 32) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  });
+  CHECK(std::find(who.begin(), who.begin() + 32, caller) != who.begin() + 32);
+  auto const helped = std::count_if(who.begin(), who.begin() + 32, [&](auto id) { return id != caller; });
+  CHECK(helped > 0);
 }
 
 TEST_CASE("a parallel_for inside parallel_for runs serially and correctly") {
@@ -178,25 +196,40 @@ TEST_CASE("an exception from fn is rethrown on the caller after the region") {
   CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
 }
 
-TEST_CASE("parallel_slot is the item's chunk, whichever thread runs it; SlotScratch keeps buffers") {
+TEST_CASE("no two threads use one parallel_slot at once; SlotScratch keeps buffers") {
   DefaultThreadsAfter restore;
   set_max_threads(3);
   CHECK(parallel_slot() == 0);
   SlotScratch<int> scratch;
   scratch.prepare();
   auto& sc = scratch;
+  std::vector<std::atomic<int>> in_use(3);
+  std::atomic<int> overlaps{0}, out_of_range{0};
+  std::vector<int*> first(3, nullptr);
   for (int round = 0; round < 50; ++round) {
-    std::vector<int> slot(10, -1);
-    std::vector<int*> buffer(10, nullptr);
-    parallel_for(0, 10, [&](std::int64_t i) {
-      slot[static_cast<std::size_t>(i)] = parallel_slot();
+    std::vector<int*> buffer(30, nullptr);
+    std::vector<int> slot(30, -1);
+    parallel_for(0, 30, [&](std::int64_t i) {
+      int const s = parallel_slot();
+      if (s < 0 || s >= 3) {
+        out_of_range.fetch_add(1);
+        return;
+      }
+      if (in_use[static_cast<std::size_t>(s)].fetch_add(1) != 0) overlaps.fetch_add(1);
+      slot[static_cast<std::size_t>(i)] = s;
       buffer[static_cast<std::size_t>(i)] = sc.get(16);
+      if (i % 3 == 0) std::this_thread::yield();
+      in_use[static_cast<std::size_t>(s)].fetch_sub(1);
     });
-    // The split of 10 over 3: [0,4) [4,7) [7,10).
-    CHECK(slot == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 2, 2, 2});
-    CHECK(buffer[0] == buffer[3]);
-    CHECK(buffer[0] != buffer[4]);
-    CHECK(buffer[4] != buffer[7]);
+    // A slot's buffer stays where it was (it never needs to grow).
+    for (std::size_t i = 0; i < buffer.size(); ++i) {
+      if (slot[i] < 0) continue;
+      int*& f = first[static_cast<std::size_t>(slot[i])];
+      if (!f) f = buffer[i];
+      CHECK(buffer[i] == f);
+    }
   }
+  CHECK(overlaps.load() == 0);
+  CHECK(out_of_range.load() == 0);
   CHECK(parallel_slot() == 0);
 }

@@ -5,9 +5,13 @@
 /// a core a 2-thread decode collapsed (128 tokens: 2-17 s instead of 0.33 s with 1 thread), and
 /// its wait policy can only be set in the environment before the program starts. Here idle
 /// workers spin for at most kSpinNs, then sleep on a futex (std::atomic::wait), and so does the
-/// caller waiting for them. Each region is split into one contiguous chunk per thread; a thread
-/// that finishes its chunk runs the chunks no thread has started yet, so a descheduled worker
-/// delays a region only by the chunk it is in the middle of, never by one it has not begun.
+/// caller waiting for them. Each region is split into one contiguous chunk per thread, which its
+/// thread takes in batches of about 1/kBatchesPerChunk of it, in order. A thread that finishes
+/// its chunk claims the chunks no thread has started, then takes batches left in the others:
+/// when one core runs slower (shared with another process, or simply given less by its
+/// hypervisor) the others finish its work, and a descheduled worker delays a region only by the
+/// batch it is in the middle of. (2-core VM, Q4_K decode: the static split left each thread
+/// waiting for the other for 5-7% of the step.)
 ///
 /// One region runs at a time: a second thread calling parallel_for waits for the running region
 /// to end (regions last microseconds to milliseconds), so the process never runs more threads
@@ -87,21 +91,27 @@ inline std::pair<std::int64_t, std::int64_t> chunk_bounds(std::int64_t begin, st
   return {lo, lo + q + (c < r ? 1 : 0)};
 }
 
+/// Batches a chunk is handed out in.
+inline constexpr std::int64_t kBatchesPerChunk = 16;
+
 /// True on pool workers always, and on a caller while it runs a region.
 inline thread_local bool t_in_parallel_region = false;
-/// The chunk this thread runs (parallel_slot()).
+/// The chunk this thread last claimed (parallel_slot()).
 inline thread_local int t_slot = 0;
 
 /// Threads waiting for regions. Region protocol, for epoch e (starting at 1):
-/// - the caller writes the job, sets remaining_ = n, publishes epoch_ = e, bumps wake_;
-/// - every chunk tag is e - 1; whoever CASes tag[c] from e - 1 to e runs chunk c, then
-///   decrements remaining_; the caller returns when remaining_ is 0;
+/// - the caller writes the job and each chunk's counters, sets remaining_ = n, claims chunk 0,
+///   publishes epoch_ = e, bumps wake_;
+/// - every other chunk's tag is e - 1; whoever CASes it from e - 1 to e owns the chunk: it takes
+///   batches of c, then claims or takes batches of the other chunks, and on leaving subtracts
+///   the chunks it claimed from remaining_; the caller returns when remaining_ is 0. So every
+///   thread that reads the job holds a claim, and the job outlives every claim;
 /// - a worker that wakes late reads a newer epoch or finds every tag claimed, so it never
 ///   touches a finished region's job.
 class ThreadPool {
  public:
   /// Starts n_threads - 1 workers (the caller is thread 0); fewer when the system refuses.
-  explicit ThreadPool(int n_threads) : tags_(static_cast<std::size_t>(n_threads)) {
+  explicit ThreadPool(int n_threads) : chunks_(static_cast<std::size_t>(n_threads)) {
     workers_.reserve(static_cast<std::size_t>(n_threads - 1));
     for (int t = 1; t < n_threads; ++t) {
       try {
@@ -127,12 +137,18 @@ class ThreadPool {
   /// Threads, the caller included.
   [[nodiscard]] int size() const noexcept { return n_; }
 
-  /// Calls fn(i) for i in [begin, end), one chunk per thread; rethrows the first exception.
-  /// Only one thread at a time may call run.
+  /// Calls fn(i) for i in [begin, end), one chunk per thread, shared as the file comment says;
+  /// rethrows the first exception. Only one thread at a time may call run.
   template <class Fn>
   void run(std::int64_t begin, std::int64_t end, Fn& fn) {
-    begin_ = begin;
-    end_ = end;
+    std::uint64_t const e = ++last_epoch_;
+    for (int c = 0; c < n_; ++c) {
+      Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+      auto const [lo, hi] = chunk_bounds(begin, end, n_, c);
+      ch.next.store(lo, std::memory_order_relaxed);
+      ch.end = hi;
+      ch.batch = std::max<std::int64_t>(1, (hi - lo) / kBatchesPerChunk);
+    }
     ctx_ = const_cast<void*>(static_cast<void const*>(std::addressof(fn)));
     invoke_ = [](void* ctx, std::int64_t lo, std::int64_t hi) {
       auto& f = *static_cast<Fn*>(ctx);
@@ -140,13 +156,13 @@ class ThreadPool {
     };
     error_ = nullptr;
     remaining_.store(static_cast<std::uint32_t>(n_), std::memory_order_relaxed);
-    std::uint64_t const e = ++last_epoch_;
+    chunks_[0].epoch.store(e, std::memory_order_relaxed);  // the caller's: it always takes part
     epoch_.store(e, std::memory_order_release);
     // An RMW, so that notify's check for sleepers cannot be ordered before the bump.
     wake_.fetch_add(1, std::memory_order_seq_cst);
     wake_.notify_all();
 
-    run_chunks(e, 0);
+    run_chunks(e, 0, /*owns_first=*/true);
     auto const finished = [this] { return remaining_.load(std::memory_order_acquire) == 0; };
     if (!spin_until(finished)) {
       for (std::uint32_t r; (r = remaining_.load(std::memory_order_acquire)) != 0;)
@@ -156,31 +172,48 @@ class ThreadPool {
   }
 
  private:
-  struct alignas(64) Tag {
-    std::atomic<std::uint64_t> epoch{0};
+  struct alignas(64) Chunk {
+    std::atomic<std::uint64_t> epoch{0};  // the last epoch the chunk was claimed for
+    std::atomic<std::int64_t> next{0};    // its first item no thread has taken
+    std::int64_t end = 0, batch = 1;      // the job's, as next
   };
 
-  /// Runs chunk `first`, then every chunk of epoch e no thread has claimed yet.
-  void run_chunks(std::uint64_t e, int first) {
+  /// Claims every chunk of epoch e it can, starting at `first` (already its own when
+  /// `owns_first`), and takes the batches of each; then, holding a claim, takes what is left in
+  /// the other chunks.
+  void run_chunks(std::uint64_t e, int first, bool owns_first = false) {
+    int claimed = 0;
     for (int k = 0; k < n_; ++k) {
       int const c = (first + k) % n_;
+      Chunk& ch = chunks_[static_cast<std::size_t>(c)];
       std::uint64_t expected = e - 1;
-      if (tags_[static_cast<std::size_t>(c)].epoch.load(std::memory_order_relaxed) != expected ||
-          !tags_[static_cast<std::size_t>(c)].epoch.compare_exchange_strong(
-              expected, e, std::memory_order_acquire, std::memory_order_relaxed))
-        continue;
-      auto const [lo, hi] = chunk_bounds(begin_, end_, n_, c);
-      if (lo < hi) {
-        t_slot = c;
-        try {
-          invoke_(ctx_, lo, hi);
-        } catch (...) {
-          std::lock_guard lock(error_mutex_);
-          if (!error_) error_ = std::current_exception();
-        }
-        t_slot = 0;
+      bool const mine = (k == 0 && owns_first) ||
+                        (ch.epoch.load(std::memory_order_relaxed) == expected &&
+                         ch.epoch.compare_exchange_strong(expected, e, std::memory_order_acquire, std::memory_order_relaxed));
+      if (!mine) continue;
+      ++claimed;
+      t_slot = c;  // this thread's alone until it claims another or leaves
+      take_batches(ch);
+    }
+    if (claimed == 0) return;
+    for (int k = 1; k < n_; ++k) take_batches(chunks_[static_cast<std::size_t>((t_slot + k) % n_)]);
+    t_slot = 0;
+    if (remaining_.fetch_sub(static_cast<std::uint32_t>(claimed), std::memory_order_acq_rel) ==
+        static_cast<std::uint32_t>(claimed))
+      remaining_.notify_one();
+  }
+
+  /// Runs batches of `ch` until none is left.
+  void take_batches(Chunk& ch) {
+    for (;;) {
+      std::int64_t const lo = ch.next.fetch_add(ch.batch, std::memory_order_relaxed);
+      if (lo >= ch.end) return;
+      try {
+        invoke_(ctx_, lo, std::min(lo + ch.batch, ch.end));
+      } catch (...) {
+        std::lock_guard lock(error_mutex_);
+        if (!error_) error_ = std::current_exception();
       }
-      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining_.notify_one();
     }
   }
 
@@ -200,11 +233,10 @@ class ThreadPool {
   }
 
   int n_ = 1;
-  std::vector<Tag> tags_;  // [n_threads] epoch each chunk was last claimed for
+  std::vector<Chunk> chunks_;  // [n_threads]
   std::vector<std::thread> workers_;
 
   // The job; written by the caller before epoch_ is published, read after a claim.
-  std::int64_t begin_ = 0, end_ = 0;
   void* ctx_ = nullptr;
   void (*invoke_)(void*, std::int64_t, std::int64_t) = nullptr;
   std::exception_ptr error_;
@@ -214,7 +246,7 @@ class ThreadPool {
   alignas(64) std::atomic<std::uint64_t> epoch_{0};
   std::atomic<bool> stop_{false};
   alignas(64) std::atomic<std::uint32_t> wake_{0};       // futex word workers sleep on
-  alignas(64) std::atomic<std::uint32_t> remaining_{0};  // chunks of the region not yet done
+  alignas(64) std::atomic<std::uint32_t> remaining_{0};  // chunks whose claimant has not left
 };
 
 /// Parses a positive thread count; `allow_list` accepts OpenMP's "N,M,..." (first level only).
@@ -307,7 +339,8 @@ inline void set_max_threads(int n) {
   s.threads.store(threads, std::memory_order_relaxed);
 }
 
-/// Calls `fn(i)` for every i in [begin, end), split into one contiguous chunk per thread when
+/// Calls `fn(i)` for every i in [begin, end), split into one contiguous chunk per thread (shared
+/// out in batches, see ThreadPool) when
 /// the items together hold at least kMinParallelWork of `work_per_item`; serially otherwise,
 /// and when called from inside `fn` of another parallel_for. Work items must be independent.
 /// `fn` should not throw; if it does, the region still completes the other chunks, and the
@@ -334,14 +367,14 @@ void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t work_per_it
   for (std::int64_t i = begin; i < end; ++i) fn(i);
 }
 
-/// The slot of the calling thread: inside a parallel_for item, the index in [0, max_threads())
-/// of the chunk it belongs to, which depends on the item, not on the thread that runs it;
-/// 0 outside a region and in items run serially.
+/// The slot of the calling thread: inside a parallel_for item, an index in [0, max_threads())
+/// that no other thread uses until this item returns (the chunk its thread claimed last); 0
+/// outside a region and in items run serially.
 inline int parallel_slot() { return detail::t_slot; }
 
 /// Scratch for parallel_for items, one buffer per slot: a slot's items run on one thread at a
-/// time, and an item's slot does not depend on which thread runs it, so once a region's items
-/// have run, repeating the region allocates nothing (unlike a thread_local in the items).
+/// time, so a buffer grows to the largest request of its slot's items, after which regions that
+/// ask the same sizes allocate nothing (unlike a thread_local in the items, with no owner).
 /// Owned by the thread that starts the region; items reach it through a pointer or reference.
 template <class T>
 class SlotScratch {

@@ -467,6 +467,14 @@ inline int cmd_bench(BenchOptions o) {
                   per_token.routers, ", routed experts ", per_token.routed_experts, ", shared experts ",
                   per_token.shared_experts, ", lm_head ", per_token.lm_head, ", embedding row ", per_token.embedding_row,
                   ")");
+  // The routed experts change from token to token; the rest is read again by every token.
+  std::int64_t const reread = per_token.total() - per_token.routed_experts;
+  if (std::int64_t const llc = runtime::last_level_cache_bytes(); llc > 0 && reread <= llc)
+    QFLASH_LOG_WARN("the weights every decoded token reads again (", human_bytes(static_cast<double>(reread)),
+                    ") fit in the ", human_bytes(static_cast<double>(llc)),
+                    " last-level cache: decode can read them from cache, and roofline_fraction then overstates the "
+                    "share of memory bandwidth reached (bench a model whose dense weights exceed the cache, e.g. "
+                    "more --layers)");
 
   PeakRss peak;
   std::vector<std::string> lines;  // JSON, for --plot

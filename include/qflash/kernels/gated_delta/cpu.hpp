@@ -539,11 +539,14 @@ inline void recurrent_block(RowKernels const& rk, GatedDeltaArgs const& a, Layou
     int const c0 = static_cast<int>(item % n_tiles) * kTile;
     int const nc = std::min(kTile, dv - c0);
     int const kh = l.key_head(h);
-    float* const st = buf;                 // [dk, kTile] this tile of S
-    float* const u = st + dk * kTile;      // [kTile]
-    float* const delta = u + kTile;        // [kTile]
     float* const s = a.state + std::int64_t{h} * dk * dv;
-    load_tile(s, dk, dv, c0, nc, st);
+    // One token reads the tile twice: a copy each way would cost more than the strided reads.
+    bool const in_place = n == 1;
+    float* const st = in_place ? s + c0 : buf;  // [dk, kTile] this tile of S, rows lds apart
+    std::int64_t const lds = in_place ? dv : kTile;
+    float* const u = buf + dk * kTile;          // [kTile]
+    float* const delta = u + kTile;             // [kTile]
+    if (!in_place) load_tile(s, dk, dv, c0, nc, st);
     for (std::int64_t i = 0; i < n; ++i) {
       std::int64_t const t = t0 + i;
       if (i + 2 < n) prefetch_floats(a.v + (t + 2) * l.vs + std::int64_t{h} * dv + c0, nc);
@@ -552,11 +555,11 @@ inline void recurrent_block(RowKernels const& rk, GatedDeltaArgs const& a, Layou
       float const decay = std::exp(a.g[t * a.n_head_v + h]);
       float const beta = a.beta[t * a.n_head_v + h];
       float const* v = a.v + t * l.vs + std::int64_t{h} * dv + c0;
-      rk.row_gemv(dk, kn, st, kTile, nc, u, 1.0f, 0.0f);  // u = S_{t-1}ᵀ k̂
+      rk.row_gemv(dk, kn, st, lds, nc, u, 1.0f, 0.0f);  // u = S_{t-1}ᵀ k̂
       for (int c = 0; c < nc; ++c) delta[c] = beta * (v[c] - decay * u[c]);
-      rk.rank1_project(dk, decay, kn, delta, qn, st, kTile, nc, a.out + (t * a.n_head_v + h) * dv + c0);
+      rk.rank1_project(dk, decay, kn, delta, qn, st, lds, nc, a.out + (t * a.n_head_v + h) * dv + c0);
     }
-    store_tile(st, dk, dv, c0, nc, s);
+    if (!in_place) store_tile(st, dk, dv, c0, nc, s);
   });
 }
 

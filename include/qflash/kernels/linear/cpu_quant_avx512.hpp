@@ -416,17 +416,19 @@ QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ4K const* w, std::int64_t stride
     Q4KActs const xa = q4_k_acts(x[b]);
     // Four rows' block heads (d, dmin, packed scales) in one register: their scales unpacked
     // at once, then each row's moved to every lane; their d and dmin converted at once.
-    __m512i packed = _mm512_setzero_si512();
-    __m512 dd = _mm512_setzero_ps();  // x.d d_r at lane 2r, x.d dmin_r at 2r + 1
+    // Read back per row as broadcasts from memory: load-port work, where a register permute
+    // would take the shuffle port the unpacking already keeps busy.
+    alignas(64) __m128i packed_rows[4];  // row r's unpacked scales and mins
+    alignas(32) float dd_rows[8];        // x.d d_r at 2r, x.d dmin_r at 2r + 1
     if constexpr (R == 4) {
       static_assert(offsetof(BlockQ4K, scales) == 4);
       __m128i head[4];
       for (int r = 0; r < 4; ++r) head[r] = _mm_loadu_si128(reinterpret_cast<__m128i const*>(row_at(w, stride, r) + b));
       __m512i const heads = _mm512_inserti32x4(
           _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(head[0]), head[1], 1), head[2], 2), head[3], 3);
-      packed = avx512_q4_k_scales(_mm512_bsrli_epi128(heads, 4));
+      _mm512_store_si512(packed_rows, avx512_q4_k_scales(_mm512_bsrli_epi128(heads, 4)));
       __m512i const d_dmin = _mm512_permutexvar_epi32(_mm512_zextsi128_si512(_mm_setr_epi32(0, 4, 8, 12)), heads);
-      dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(d_dmin)), _mm256_set1_ps(x[b].d)));
+      _mm256_store_ps(dd_rows, _mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(d_dmin)), _mm256_set1_ps(x[b].d)));
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -435,10 +437,8 @@ QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ4K const* w, std::int64_t stride
       __m512i lo[2], hi[2];
       q4_k_codes(wb, lo, hi);
       if constexpr (R == 4) {
-        Q4KScales const s = q4_k_scales_avx512(_mm512_permutexvar_epi32(
-            _mm512_broadcast_i32x4(_mm_setr_epi32(4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3)), packed));
-        acc[r] = q4_k_block(acc[r], lo, hi, s, x[b], xa, _mm512_permutexvar_ps(_mm512_set1_epi32(2 * r), dd),
-                            _mm512_permutexvar_ps(_mm512_set1_epi32(2 * r + 1), dd));
+        Q4KScales const s = q4_k_scales_avx512(_mm512_broadcast_i32x4(_mm_load_si128(packed_rows + r)));
+        acc[r] = q4_k_block(acc[r], lo, hi, s, x[b], xa, _mm512_set1_ps(dd_rows[2 * r]), _mm512_set1_ps(dd_rows[2 * r + 1]));
       } else {
         acc[r] = q4_k_block(acc[r], lo, hi, q4_k_scales_avx512(wb), x[b], xa, _mm512_set1_ps(x[b].d * avx2_float(wb.d)),
                             _mm512_set1_ps(x[b].d * avx2_float(wb.dmin)));

@@ -103,9 +103,9 @@ inline thread_local int t_slot = 0;
 /// - the caller writes the job and each chunk's counters, sets remaining_ = n, claims chunk 0,
 ///   publishes epoch_ = e, bumps wake_;
 /// - every other chunk's tag is e - 1; whoever CASes it from e - 1 to e owns the chunk: it takes
-///   batches of c, then claims or takes batches of the other chunks, and on leaving subtracts
-///   the chunks it claimed from remaining_; the caller returns when remaining_ is 0. So every
-///   thread that reads the job holds a claim, and the job outlives every claim;
+///   the chunk's batches, then claims or takes batches of the other chunks, and on leaving
+///   subtracts the chunks it claimed from remaining_; the caller returns when remaining_ is 0.
+///   So every thread that reads the job holds a claim, and the job outlives every claim;
 /// - a worker that wakes late reads a newer epoch or finds every tag claimed, so it never
 ///   touches a finished region's job.
 class ThreadPool {
@@ -340,9 +340,9 @@ inline void set_max_threads(int n) {
 }
 
 /// Calls `fn(i)` for every i in [begin, end), split into one contiguous chunk per thread (shared
-/// out in batches, see ThreadPool) when
-/// the items together hold at least kMinParallelWork of `work_per_item`; serially otherwise,
-/// and when called from inside `fn` of another parallel_for. Work items must be independent.
+/// out in batches, see ThreadPool) when the items together hold at least kMinParallelWork of
+/// `work_per_item`; serially otherwise, and when called from inside `fn` of another
+/// parallel_for. Work items must be independent.
 /// `fn` should not throw; if it does, the region still completes the other chunks, and the
 /// first exception is rethrown here.
 template <class Fn>

@@ -415,9 +415,9 @@ QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ4K const* w, std::int64_t stride
   for (std::int64_t b = 0; b < nb; ++b) {
     Q4KActs const xa = q4_k_acts(x[b]);
     // Four rows' block heads (d, dmin, packed scales) in one register: their scales unpacked
-    // at once, then each row's moved to every lane; their d and dmin converted at once.
-    // Read back per row as broadcasts from memory: load-port work, where a register permute
-    // would take the shuffle port the unpacking already keeps busy.
+    // and their d and dmin converted at once, then stored. Each row reads its own back by
+    // broadcast loads (load ports), where register permutes would add to the shuffle port
+    // that unpacking the codes keeps busy.
     alignas(64) __m128i packed_rows[4];  // row r's unpacked scales and mins
     alignas(32) float dd_rows[8];        // x.d d_r at 2r, x.d dmin_r at 2r + 1
     if constexpr (R == 4) {

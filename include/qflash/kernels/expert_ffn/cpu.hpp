@@ -268,14 +268,14 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   s.amx_act_at.clear();
   s.amx_x_at.clear();
   amx_pack_experts(isa, s, 0, rows_of, s.amx_x, s.amx_x_at);
-  // Row blocks of whole AMX passes, or of whole q8_0 panels.
-  std::int64_t const amx_rows_multiple = isa >= arch::CpuIsa::kAmx          ? 2 * kAmxRows
-                                         : isa >= arch::CpuIsa::kAvx512Vnni ? kPanelRows
-                                                                             : kTileRows;
+  // Row blocks of whole AMX passes, or of whole 16-row q8_0 / q4_k panels.
+  std::int64_t const rows_multiple = isa >= arch::CpuIsa::kAmx          ? 2 * kAmxRows
+                                     : isa >= arch::CpuIsa::kAvx512Vnni ? kPanelRows
+                                                                         : kTileRows;
 
   // 1. gate, up, SwiGLU: items (expert, row block).
   int const threads = max_threads();
-  std::int64_t const block = row_block(d_ff_max, threads, amx_rows_multiple);
+  std::int64_t const block = row_block(d_ff_max, threads, rows_multiple);
   std::int64_t const blocks_per_expert = (d_ff_max + block - 1) / block;
   std::int64_t const n_items = static_cast<std::int64_t>(s.active.size()) * blocks_per_expert;
   std::int64_t const item_work = 2 * block * d_model * std::max<std::int64_t>(1, total / std::max<std::int64_t>(1, static_cast<std::int64_t>(s.active.size())));
@@ -350,7 +350,7 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
   amx_pack_experts(isa, s, 2, rows_of, s.amx_act, s.amx_act_at);
 
   // 2. down + weighted combine: items are output row blocks, each over every active expert.
-  std::int64_t const out_block = row_block(d_model, threads, amx_rows_multiple);
+  std::int64_t const out_block = row_block(d_model, threads, rows_multiple);
   std::int64_t const out_items = (d_model + out_block - 1) / out_block;
   parallel_for(0, out_items, out_block * d_ff_max * std::max<std::int64_t>(1, total), [&](std::int64_t item) {
     std::int64_t const o0 = item * out_block;

@@ -5,13 +5,21 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "qflash/core/error.hpp"
 #include "qflash/core/parallel.hpp"
@@ -35,6 +43,62 @@ std::vector<int> visit_counts(std::int64_t begin, std::int64_t end, std::int64_t
   for (auto& h : hits) out.push_back(h.load());
   return out;
 }
+
+#if defined(__linux__)
+/// The CPUs the calling thread may run on.
+std::set<int> this_thread_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  std::set<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.insert(c);
+  return cpus;
+}
+
+/// Each pool worker's CPUs, from a new pool of `threads` (the caller's chunk is slow, so every
+/// worker runs items).
+std::map<std::thread::id, std::set<int>> worker_cpus(int threads) {
+  set_max_threads(1);  // drops the pool, so the next region starts one as the environment says
+  set_max_threads(threads);
+  auto const caller = std::this_thread::get_id();
+  std::map<std::thread::id, std::set<int>> seen;
+  std::mutex m;
+  parallel_for(0, 16 * threads, [&](std::int64_t i) {
+    if (i < 16) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (std::this_thread::get_id() == caller) return;
+    std::set<int> cpus = this_thread_cpus();
+    std::lock_guard lock(m);
+    seen[std::this_thread::get_id()] = std::move(cpus);
+  });
+  return seen;
+}
+
+/// Lets the calling thread run on `cpus` again.
+void unpin_this_thread(std::set<int> const& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  REQUIRE(sched_setaffinity(0, sizeof set, &set) == 0);
+}
+
+/// Sets an environment variable for one scope.
+struct ScopedEnv {
+  ScopedEnv(char const* name, char const* value) : name_(name) {
+    if (char const* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  char const* name_;
+  std::string old_;
+  bool had_ = false;
+};
+#endif
 
 }  // namespace
 
@@ -137,11 +201,52 @@ TEST_CASE("set_max_threads inside a region throws instead of deadlocking") {
   CHECK(max_threads() == 2);
 }
 
-TEST_CASE("CPU counts: 1 <= physical_cores() <= available_cpus()") {
+TEST_CASE("CPU counts: 1 <= physical_cores() <= available_cpus(); the default pool is one thread per core") {
   CHECK(available_cpus() >= 1);
   CHECK(physical_cores() >= 1);
   CHECK(physical_cores() <= available_cpus());
+  if (!std::getenv("QFLASH_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS"))
+    CHECK(default_threads() == std::min(physical_cores(), kMaxThreads));
 }
+
+#if defined(__linux__)
+TEST_CASE("QFLASH_PIN_THREADS=1 pins each pool thread to its own CPU when the pool fits") {
+  DefaultThreadsAfter restore;
+  ScopedEnv pin("QFLASH_PIN_THREADS", "1");
+  std::set<int> const process = this_thread_cpus();
+  int const threads = std::min(4, static_cast<int>(process.size()));
+  if (threads < 2) {
+    MESSAGE("one CPU available: no worker to pin");
+    return;
+  }
+  auto const workers = worker_cpus(threads);
+  CHECK(static_cast<int>(workers.size()) == threads - 1);
+  std::set<int> used;
+  for (auto const& [id, cpus] : workers) {
+    REQUIRE(cpus.size() == 1);
+    CHECK(process.count(*cpus.begin()) == 1);
+    used.insert(*cpus.begin());
+  }
+  std::set<int> const caller = this_thread_cpus();  // the thread that started the pool
+  REQUIRE(caller.size() == 1);
+  used.insert(*caller.begin());
+  CHECK(used.size() == workers.size() + 1);  // no two pool threads share a CPU
+  unpin_this_thread(process);
+}
+
+TEST_CASE("threads are not pinned by default, nor when the pool exceeds the CPUs") {
+  DefaultThreadsAfter restore;
+  std::set<int> const process = this_thread_cpus();
+  {
+    ScopedEnv off("QFLASH_PIN_THREADS", "0");
+    for (auto const& [id, cpus] : worker_cpus(2)) CHECK(cpus == process);
+    CHECK(this_thread_cpus() == process);
+  }
+  ScopedEnv on("QFLASH_PIN_THREADS", "1");
+  for (auto const& [id, cpus] : worker_cpus(static_cast<int>(process.size()) + 1)) CHECK(cpus == process);
+  CHECK(this_thread_cpus() == process);
+}
+#endif
 
 TEST_CASE("two threads calling parallel_for concurrently both get correct results") {
   DefaultThreadsAfter restore;

@@ -19,6 +19,12 @@
 /// from inside a region (from `fn`) runs serially on its thread.
 /// The pool is created on the first parallel region and joined at exit. Not fork-safe: a child
 /// forked while the pool exists must not call parallel_for.
+///
+/// With QFLASH_PIN_THREADS=1, and when the pool fits in the CPUs the process may use, every pool
+/// thread is pinned to its own CPU (one per physical core first): the workers, and the thread
+/// that starts the pool, which takes the first. Off by default: on the 2-vCPU VMs measured it
+/// gained nothing (Q4_K decode, default model, also beside a busy process), and pinning the
+/// workers alone cost the default model's decode 10-20% (the caller shared a worker's CPU).
 #pragma once
 
 #include <algorithm>
@@ -99,6 +105,59 @@ inline thread_local bool t_in_parallel_region = false;
 /// The chunk this thread last claimed (parallel_slot()).
 inline thread_local int t_slot = 0;
 
+/// The CPUs this process may use (its affinity mask) and their physical cores.
+struct CpuTopology {
+  /// One CPU per physical core first (the lowest-numbered of each (package, core) in sysfs),
+  /// then the others; in CPU order when the topology cannot be read.
+  std::vector<int> cpus;
+  int cores = 0;  ///< distinct (package, core) pairs; 0 when the topology cannot be read
+};
+
+inline CpuTopology cpu_topology() {
+  CpuTopology topo;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return topo;
+  std::set<std::pair<long, long>> cores;
+  std::vector<int> siblings;
+  bool readable = true;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    std::string const dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::ifstream package(dir + "physical_package_id"), core(dir + "core_id");
+    long p = 0, c = 0;
+    readable = readable && static_cast<bool>(package >> p) && static_cast<bool>(core >> c);
+    if (!readable || cores.emplace(p, c).second)
+      topo.cpus.push_back(cpu);
+    else
+      siblings.push_back(cpu);
+  }
+  topo.cpus.insert(topo.cpus.end(), siblings.begin(), siblings.end());
+  if (readable) topo.cores = static_cast<int>(cores.size());
+#endif
+  return topo;
+}
+
+/// Whether QFLASH_PIN_THREADS asks for pinning ("1").
+inline bool pinning_enabled() {
+  char const* v = std::getenv("QFLASH_PIN_THREADS");
+  return v && std::string(v) == "1";
+}
+
+/// Pins the calling thread to `cpu`; false when the system refuses.
+inline bool pin_this_thread(int cpu) {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof set, &set) == 0;
+#else
+  (void)cpu;
+  return false;
+#endif
+}
+
 /// Threads waiting for regions. Region protocol, for epoch e (starting at 1):
 /// - the caller writes the job and each chunk's counters, sets remaining_ = n, claims chunk 0,
 ///   publishes epoch_ = e, bumps wake_;
@@ -112,10 +171,18 @@ class ThreadPool {
  public:
   /// Starts n_threads - 1 workers (the caller is thread 0); fewer when the system refuses.
   explicit ThreadPool(int n_threads) : chunks_(static_cast<std::size_t>(n_threads)) {
+    std::vector<int> cpus;
+    if (pinning_enabled()) cpus = cpu_topology().cpus;
+    if (static_cast<int>(cpus.size()) < n_threads) cpus.clear();  // does not fit: nobody pinned
+    if (!cpus.empty()) pin_this_thread(cpus[0]);
     workers_.reserve(static_cast<std::size_t>(n_threads - 1));
     for (int t = 1; t < n_threads; ++t) {
       try {
-        workers_.emplace_back([this, t] { worker_loop(t); });
+        int const cpu = cpus.empty() ? -1 : cpus[static_cast<std::size_t>(t)];
+        workers_.emplace_back([this, t, cpu] {
+          if (cpu >= 0) pin_this_thread(cpu);
+          worker_loop(t);
+        });
       } catch (std::system_error const& e) {
         QFLASH_LOG_WARN("thread pool: started ", t, " of ", n_threads, " threads (", e.what(), ")");
         break;
@@ -285,24 +352,8 @@ inline int available_cpus() {
 /// Physical cores among the available CPUs: distinct (package, core) pairs in sysfs topology;
 /// available_cpus() when the topology cannot be read. At least 1.
 inline int physical_cores() {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    std::set<std::pair<long, long>> cores;
-    bool readable = true;
-    for (int cpu = 0; cpu < CPU_SETSIZE && readable; ++cpu) {
-      if (!CPU_ISSET(cpu, &set)) continue;
-      std::string const dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
-      std::ifstream package(dir + "physical_package_id"), core(dir + "core_id");
-      long p = 0, c = 0;
-      readable = static_cast<bool>(package >> p) && static_cast<bool>(core >> c);
-      if (readable) cores.emplace(p, c);
-    }
-    if (readable && !cores.empty()) return static_cast<int>(cores.size());
-  }
-#endif
-  return available_cpus();
+  int const cores = detail::cpu_topology().cores;
+  return cores > 0 ? cores : available_cpus();
 }
 
 /// The default pool size: QFLASH_NUM_THREADS if a positive integer, else OMP_NUM_THREADS if

@@ -193,7 +193,8 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
   // sum is the same chain of operations either way, so a batch gives each token its one-token
   // result, bit for bit (what a serving engine needs for batched and single runs to agree).
   // Exceptions, within fp32 rounding (kDot): the formats on AMX tiles, from kAmxMinTokens
-  // tokens, and q8_0 and q4_k panels on AVX-512 VNNI, from kPanelMinTokens.
+  // tokens, q8_0 and q4_k panels on AVX-512 VNNI, from kPanelMinTokens, and fp8 rows decoded
+  // once for many tokens, from kFp8FusedMaxTokens.
   int const n_out = 19;  // rows over a few tiles
   for (int n_in : {512, 512 + 37, 352})  // whole GGUF blocks; columns past a vector; 8 + 3 q8_0 blocks
   for (int n_tok : {2, 5, 11, 20})
@@ -220,7 +221,9 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
           a.y = one.data() + t * n_out;
           REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
         }
-        if (cpu::amx_applies(isa, f, n_in, n_tok) || cpu::panels_apply(isa, f, n_tok)) {
+        bool const fp8_decoded = f == WeightFormat::kFp8E4m3 && isa >= arch::CpuIsa::kAvx2 &&
+                                 !cpu::fp8_fused_applies(isa, f, n_tok);
+        if (cpu::amx_applies(isa, f, n_in, n_tok) || cpu::panels_apply(isa, f, n_tok) || fp8_decoded) {
           auto r = all_close<float, float>(batch, one, kDot);
           CHECK_MESSAGE(r.ok, r.report);
           CHECK(batch != one);  // the tiles ran
@@ -302,6 +305,58 @@ TEST_CASE("linear: fp8 rows decoded with AVX2 and AVX-512 are dequantize_row's f
       CAPTURE(i);
       float const a = got[static_cast<std::size_t>(i)], b = want[static_cast<std::size_t>(i)];
       CHECK((same_bits(a, b) || (std::isnan(a) && std::isnan(b))));
+    }
+  }
+}
+
+TEST_CASE("linear: fp8 rows multiplied in registers (one token) take each byte's value; NaN stays NaN") {
+  // One-hot activations: output o is weight (o, i) times 1, summed with zeros and scaled by its
+  // tile's scale, exactly dequantize_row's value. 6 rows: a pass of 4, then single rows. Every
+  // byte but the NaNs (0x7f, 0xff) appears in each row; a NaN weight makes its row's every output
+  // NaN (times 0 too), so they are checked on their own.
+  int const rows = 6, cols = 256 + 21;
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * cols));
+  for (int o = 0; o < rows; ++o)
+    for (int i = 0; i < cols; ++i) {
+      auto const c = static_cast<std::uint8_t>((i + 101 * o) % 256);
+      codes[static_cast<std::size_t>(o * cols + i)] = (c & 0x7f) == 0x7f ? std::uint8_t{0x80} : c;
+    }
+  std::vector<float> scales{0.75f, 3.0e-3f, 1.5e4f};
+  WeightView fp8{WeightFormat::kFp8E4m3, codes.data(), rows, cols};
+  fp8.scales = scales.data();
+  std::vector<float> want(static_cast<std::size_t>(rows * cols));
+  for (int o = 0; o < rows; ++o) dequantize_row(fp8, o, want.data() + o * cols);
+  for (auto isa : {arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512}) {
+    CAPTURE(to_string(isa));
+    if (arch::detect_cpu_isa() < isa) {
+      MESSAGE("skipped: this CPU has no ", to_string(isa));
+      continue;
+    }
+    std::vector<float> x(static_cast<std::size_t>(cols)), y(static_cast<std::size_t>(rows));
+    LinearArgs a{};
+    a.w = fp8;
+    a.x = x.data();
+    a.y = y.data();
+    a.n_tokens = 1;
+    int wrong = 0;
+    for (int i = 0; i < cols; ++i) {
+      std::fill(x.begin(), x.end(), 0.0f);
+      x[static_cast<std::size_t>(i)] = 1.0f;
+      REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+      for (int o = 0; o < rows; ++o)
+        if (y[static_cast<std::size_t>(o)] != want[static_cast<std::size_t>(o * cols + i)]) ++wrong;
+    }
+    CHECK(wrong == 0);
+    // NaN weights: 0x7f in row 1 (in the pass of 4), 0xff in row 5 (a single row), in the tail.
+    std::vector<std::uint8_t> nan_codes = codes;
+    nan_codes[static_cast<std::size_t>(1 * cols + 3)] = 0x7f;
+    nan_codes[static_cast<std::size_t>(5 * cols + cols - 1)] = 0xff;
+    a.w.data = nan_codes.data();
+    std::fill(x.begin(), x.end(), 0.5f);
+    REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+    for (int o = 0; o < rows; ++o) {
+      CAPTURE(o);
+      CHECK(std::isnan(y[static_cast<std::size_t>(o)]) == (o == 1 || o == 5));
     }
   }
 }

@@ -13,7 +13,8 @@
 /// - bf16, q8_0, q4_k, q6_k and int4 with AMX (kAmx) and at least kAmxMinTokens tokens and
 ///   whole 32-column chunks: AMX-BF16 tiles over the activations split into exact bf16 terms,
 ///   AMX-INT8 tiles over their 8-bit blocks (cpu_amx.hpp); rows past the last 16 as above.
-/// - fp8_e4m3: rows decoded to fp32 in registers (exactly as dequantize_row), 4 at a time,
+/// - fp8_e4m3: under kFp8FusedMaxTokens tokens, converted in registers and multiplied at once
+///   (fp8_tile_*); from it on, rows decoded to fp32 in registers (exactly as dequantize_row),
 ///   once per call, then the float tiles for every token.
 /// Integer dot products take AVX-512 from kAvx512Vnni up (AVX2 below it), float tiles from
 /// kAvx512; without AVX2, scalar code.
@@ -23,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -386,6 +388,125 @@ QFLASH_TARGET_AVX512 inline void decode_row_avx512(WeightView const& w, std::int
   dequantize_row(w, r, y);
 }
 
+/// fp8_e4m3 rows multiplied in registers (fp8_tile_*): R rows x NT tokens per pass, 4 x 1 for
+/// one token (more rows streaming), 1 x NT for several (each conversion shared by NT tokens).
+inline constexpr int kFp8Rows = 4;
+inline constexpr int kFp8Tokens = 4;
+
+/// Columns [n_vec, n) of an fp8 row times x, in order, exactly as dequantize_row's values.
+inline float fp8_tail_dot(std::uint8_t const* q, float const* scales, float const* x, std::int64_t n_vec,
+                          std::int64_t n) {
+  float v = 0.0f;
+  for (std::int64_t c = n_vec; c < n; ++c) v = std::fma(to_float(Fp8E4m3{q[c]}) * scales[c / kFp8BlockSize], x[c], v);
+  return v;
+}
+
+/// fp8_e4m3 rows [o, o + R) times NT activation rows, out[r * NT + t], with no decoded copy: 32
+/// bytes of a row become fp16 bit patterns of the values / 256 (exact, subnormals included),
+/// widened to fp32 and multiplied into each token; per 128-column scale tile the products are
+/// summed, then scaled by 256 times the tile's scale; the columns past the last 32, in
+/// fp8_tail_dot. A row holding an e4m3 NaN (magnitude 0x7f) gives NaN, as its dequantized
+/// products would. Every (row, token) sum is the same chain for any R and NT, so a token's
+/// results do not depend on the tokens beside it. The next R rows are prefetched.
+template <int R, int NT>
+QFLASH_TARGET_AVX512 void fp8_tile_avx512(WeightView const& w, std::int64_t o, float const* const* x, float* out) {
+  std::int64_t const n = w.cols, n32 = n / 32 * 32, ahead = R * w.row_bytes();
+  std::uint8_t const* q[R];
+  float const* sc[R];
+  __m512 acc[R][NT];
+  __m512i mag_max[R];
+  for (int r = 0; r < R; ++r) {
+    q[r] = reinterpret_cast<std::uint8_t const*>(w.row(o + r));
+    sc[r] = w.scale_row(o + r);
+    mag_max[r] = _mm512_setzero_si512();
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  __m512i const low7 = _mm512_set1_epi16(0x7f), sign = _mm512_set1_epi16(static_cast<short>(0x8000));
+  for (std::int64_t c0 = 0; c0 < n32; c0 += kFp8BlockSize) {
+    std::int64_t const c1 = std::min<std::int64_t>(c0 + kFp8BlockSize, n32);
+    __m512 tile[R][NT];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t) tile[r][t] = _mm512_setzero_ps();
+    for (std::int64_t c = c0; c < c1; c += 32) {
+      __m512 xl[NT], xh[NT];
+      for (int t = 0; t < NT; ++t) {
+        xl[t] = _mm512_loadu_ps(x[t] + c);
+        xh[t] = _mm512_loadu_ps(x[t] + c + 16);
+      }
+      for (int r = 0; r < R; ++r) {
+        if (c % 64 == 0) _mm_prefetch(reinterpret_cast<char const*>(q[r] + c + ahead), _MM_HINT_T0);
+        __m512i const b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<__m256i const*>(q[r] + c)));
+        __m512i const mag = _mm512_and_si512(b, low7);
+        mag_max[r] = _mm512_max_epu16(mag_max[r], mag);
+        // (mag << 7) | the sign bit of (b << 8)
+        __m512i const h = _mm512_ternarylogic_epi32(_mm512_slli_epi16(mag, 7), _mm512_slli_epi16(b, 8), sign, 0xF8);
+        __m512 const lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        __m512 const hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+        for (int t = 0; t < NT; ++t) tile[r][t] = _mm512_fmadd_ps(hi, xh[t], _mm512_fmadd_ps(lo, xl[t], tile[r][t]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      __m512 const s256 = _mm512_set1_ps(256.0f * sc[r][c0 / kFp8BlockSize]);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(tile[r][t], s256, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    bool const nan = _mm512_cmpeq_epi16_mask(mag_max[r], low7) != 0;
+    for (int t = 0; t < NT; ++t) {
+      float const v = _mm512_reduce_add_ps(acc[r][t]) + fp8_tail_dot(q[r], sc[r], x[t], n32, n);
+      out[r * NT + t] = nan ? std::numeric_limits<float>::quiet_NaN() : v;
+    }
+  }
+}
+
+/// fp8_tile_avx512 with 8 lanes: 16 bytes of a row at a time.
+template <int R, int NT>
+QFLASH_TARGET_AVX2 void fp8_tile_avx2(WeightView const& w, std::int64_t o, float const* const* x, float* out) {
+  std::int64_t const n = w.cols, n16 = n / 16 * 16, ahead = R * w.row_bytes();
+  std::uint8_t const* q[R];
+  float const* sc[R];
+  __m256 acc[R][NT];
+  __m256i mag_max[R];
+  for (int r = 0; r < R; ++r) {
+    q[r] = reinterpret_cast<std::uint8_t const*>(w.row(o + r));
+    sc[r] = w.scale_row(o + r);
+    mag_max[r] = _mm256_setzero_si256();
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  __m256i const low7 = _mm256_set1_epi16(0x7f), sign = _mm256_set1_epi16(static_cast<short>(0x8000));
+  for (std::int64_t c0 = 0; c0 < n16; c0 += kFp8BlockSize) {
+    std::int64_t const c1 = std::min<std::int64_t>(c0 + kFp8BlockSize, n16);
+    __m256 tile[R][NT];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t) tile[r][t] = _mm256_setzero_ps();
+    for (std::int64_t c = c0; c < c1; c += 16) {
+      for (int r = 0; r < R; ++r) {
+        if (c % 64 == 0) _mm_prefetch(reinterpret_cast<char const*>(q[r] + c + ahead), _MM_HINT_T0);
+        __m256i const b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<__m128i const*>(q[r] + c)));
+        __m256i const mag = _mm256_and_si256(b, low7);
+        mag_max[r] = _mm256_max_epu16(mag_max[r], mag);
+        __m256i const h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_and_si256(_mm256_slli_epi16(b, 8), sign));
+        __m256 const lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        __m256 const hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+        for (int t = 0; t < NT; ++t)
+          tile[r][t] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x[t] + c + 8),
+                                       _mm256_fmadd_ps(lo, _mm256_loadu_ps(x[t] + c), tile[r][t]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      __m256 const s256 = _mm256_set1_ps(256.0f * sc[r][c0 / kFp8BlockSize]);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_fmadd_ps(tile[r][t], s256, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    bool const nan = _mm256_movemask_epi8(_mm256_cmpeq_epi16(mag_max[r], low7)) != 0;
+    for (int t = 0; t < NT; ++t) {
+      float const v = simd::avx2_reduce_add(acc[r][t]) + fp8_tail_dot(q[r], sc[r], x[t], n16, n);
+      out[r * NT + t] = nan ? std::numeric_limits<float>::quiet_NaN() : v;
+    }
+  }
+}
+
 QFLASH_SIMD_END
 #endif  // QFLASH_HAS_X86_SIMD
 
@@ -427,12 +548,61 @@ void float_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
 }
 #endif  // QFLASH_HAS_X86_SIMD
 
+#if QFLASH_HAS_X86_SIMD
+/// Below this many tokens fp8 rows are multiplied in registers (fp8_tile_*, every token
+/// converting the row again); from it on, decoded once per call for all tokens, and a token's
+/// sums then equal its one-token sums within fp32 rounding.
+inline constexpr std::int64_t kFp8FusedMaxTokens = 8;
+
+inline bool fp8_fused_applies(arch::CpuIsa isa, WeightFormat f, std::int64_t n_tokens) {
+  return f == WeightFormat::kFp8E4m3 && isa >= arch::CpuIsa::kAvx2 && n_tokens < kFp8FusedMaxTokens;
+}
+
+/// Tokens [t0, t0 + NT) through fp8 rows [o, o + R) (fp8_tile_*), stored.
+template <Simd V, int R, int NT>
+void fp8_tile(LinearRows const& p, std::int64_t o, std::int64_t t0) {
+  float const* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = p.x_row(t0 + t);
+  float out[R * NT];
+  if constexpr (V == Simd::kAvx512)
+    fp8_tile_avx512<R, NT>(p.w, o, x, out);
+  else
+    fp8_tile_avx2<R, NT>(p.w, o, x, out);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) store_dot(p, t0 + t, o + r, out[r * NT + t]);
+}
+
+/// Rows [o0, o1) of an fp8_e4m3 projection with fp8_tile_*: one token kFp8Rows rows at a time;
+/// several, each row through kFp8Tokens tokens at a time.
+template <Simd V>
+void fp8_rows_fused(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
+  if (p.n_tokens == 1) {
+    std::int64_t o = o0;
+    for (; o + kFp8Rows <= o1; o += kFp8Rows) fp8_tile<V, kFp8Rows, 1>(p, o, 0);
+    for (; o < o1; ++o) fp8_tile<V, 1, 1>(p, o, 0);
+    return;
+  }
+  for (std::int64_t o = o0; o < o1; ++o) {
+    std::int64_t t = 0;
+    for (; t + kFp8Tokens <= p.n_tokens; t += kFp8Tokens) fp8_tile<V, 1, kFp8Tokens>(p, o, t);
+    switch (p.n_tokens - t) {
+      case 3: fp8_tile<V, 1, 3>(p, o, t); break;
+      case 2: fp8_tile<V, 1, 2>(p, o, t); break;
+      case 1: fp8_tile<V, 1, 1>(p, o, t); break;
+      default: break;
+    }
+  }
+}
+#endif  // QFLASH_HAS_X86_SIMD
+
 /// Rows [o0, o1) of a projection whose rows are decoded to fp32 first (fp8_e4m3, and any
 /// format an instance does not compile a path for): groups of kGroupRows rows decoded once,
 /// then every token.
 inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   std::int64_t const n = p.w.cols;
 #if QFLASH_HAS_X86_SIMD
+  if (fp8_fused_applies(isa, p.w.format, p.n_tokens))
+    return isa >= arch::CpuIsa::kAvx512 ? fp8_rows_fused<Simd::kAvx512>(p, o0, o1) : fp8_rows_fused<Simd::kAvx2>(p, o0, o1);
   if (isa >= arch::CpuIsa::kAvx2) {
     bool const avx512 = isa >= arch::CpuIsa::kAvx512;
     float* const decoded = p.scratch->get(static_cast<std::size_t>(kGroupRows * n));

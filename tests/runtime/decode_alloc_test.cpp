@@ -44,7 +44,9 @@ using namespace qflash;
 
 TEST_CASE("a warm decode step of the default model allocates nothing, in every weight path and thread count") {
   std::string const dir = std::string(QFLASH_SOURCE_DIR) + "/models/qwen3_5_moe-micro";
-  for (auto scheme : {runtime::WeightScheme::kAuto, runtime::WeightScheme::kQ8_0, runtime::WeightScheme::kF32})
+  using runtime::WeightScheme;
+  for (auto scheme : {WeightScheme::kAuto, WeightScheme::kQ8_0, WeightScheme::kF32, WeightScheme::kFp8,
+                      WeightScheme::kQ4KM, WeightScheme::kInt4})
     for (int threads : {1, 2}) {
       CAPTURE(runtime::to_string(scheme));
       CAPTURE(threads);

@@ -129,7 +129,9 @@ TEST_CASE("non-finite logits are an error, not text") {
   runtime::LoadOptions o;
   o.progress = false;
   auto loaded = runtime::load_model(dir, o);
-  loaded.weights.final_norm[3] = std::numeric_limits<float>::infinity();
+  std::vector<float> norm(loaded.weights.final_norm.begin(), loaded.weights.final_norm.end());
+  norm[3] = std::numeric_limits<float>::infinity();
+  loaded.weights.final_norm = norm;  // outlives the model
   auto m = runtime::make_model<spec::generic>(std::move(loaded));
   auto state = m->new_sequence();
   std::vector<std::int32_t> const ids{1, 2, 3};

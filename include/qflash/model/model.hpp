@@ -282,7 +282,7 @@ class Model {
   }
 
   /// y = RMSNorm(x + residual) with the family's weight kind; residual += x when given.
-  void norm(float const* x, float* residual, std::vector<float> const& weight, float* y,
+  void norm(float const* x, float* residual, FloatView weight, float* y,
             std::int64_t rows) const {
     kernels::AddRmsNormArgs a{};
     a.x = x;

@@ -1,9 +1,11 @@
 /// @file
 /// The model's weights as views: every matrix a WeightView with its own format, small vectors
-/// (norms, conv, gate parameters) in fp32. Who owns the bytes (a mapped checkpoint, buffers
-/// quantized at load) is the runtime's business (runtime/load_model.hpp); layers only read.
+/// (norms, conv, gate parameters) FloatViews of fp32. Who owns the bytes (a mapped checkpoint,
+/// buffers quantized at load, a device's copies) is the runtime's business
+/// (runtime/load_model.hpp); layers only read.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,13 +20,34 @@ namespace qflash::model {
 using kernels::ExpertWeights;
 using kernels::WeightView;
 
+/// A read-only fp32 vector of the weights, owned elsewhere (host or device memory). Made from
+/// a vector that outlives it, never from a temporary one.
+class FloatView {
+ public:
+  FloatView() = default;
+  FloatView(float const* data, std::size_t size) : data_(data), size_(size) {}
+  FloatView(std::vector<float> const& v) : data_(v.data()), size_(v.size()) {}  // NOLINT: a view of v
+  FloatView(std::vector<float>&&) = delete;
+
+  [[nodiscard]] float const* data() const { return data_; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  [[nodiscard]] bool empty() const { return size_ == 0; }
+  [[nodiscard]] float const* begin() const { return data_; }
+  [[nodiscard]] float const* end() const { return data_ + size_; }
+  float operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  float const* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
 struct AttentionWeights {
   WeightView q;  // [n_head * d_head * (gated ? 2 : 1), d_model]: per head [query | gate]
   WeightView k;  // [n_head_kv * d_head, d_model]
   WeightView v;  // [n_head_kv * d_head, d_model]
   WeightView o;  // [d_model, n_head * d_head]
-  std::vector<float> q_norm;  // [d_head]
-  std::vector<float> k_norm;  // [d_head]
+  FloatView q_norm;  // [d_head]
+  FloatView k_norm;  // [d_head]
 };
 
 struct LinearAttentionWeights {
@@ -33,10 +56,10 @@ struct LinearAttentionWeights {
   WeightView b;    // [n_head_v, d_model]
   WeightView a;    // [n_head_v, d_model]
   WeightView out;  // [d_model, n_head_v * d_v]
-  std::vector<float> conv;     // [conv_dim, d_conv]
-  std::vector<float> dt_bias;  // [n_head_v]
-  std::vector<float> neg_a;    // [n_head_v]: -exp(A_log)
-  std::vector<float> norm;     // [d_v], plain weight
+  FloatView conv;     // [conv_dim, d_conv]
+  FloatView dt_bias;  // [n_head_v]
+  FloatView neg_a;    // [n_head_v]: -exp(A_log)
+  FloatView norm;     // [d_v], plain weight
 };
 
 struct MoeWeights {
@@ -49,8 +72,8 @@ struct MoeWeights {
 
 struct LayerWeights {
   LayerKind kind{};
-  std::vector<float> input_norm;  // [d_model]
-  std::vector<float> post_norm;   // [d_model]
+  FloatView input_norm;  // [d_model]
+  FloatView post_norm;   // [d_model]
   AttentionWeights attention;
   LinearAttentionWeights linear;
   MoeWeights moe;
@@ -59,7 +82,7 @@ struct LayerWeights {
 struct ModelWeights {
   WeightView embed;    // [vocab, d_model]
   WeightView lm_head;  // [vocab, d_model]
-  std::vector<float> final_norm;
+  FloatView final_norm;  // [d_model]
   std::vector<LayerWeights> layers;
 
   /// Calls fn(name, view) for every matrix, experts included (e.g. to count bytes per format).

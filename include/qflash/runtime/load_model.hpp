@@ -63,11 +63,14 @@ struct WeightStorage {
   std::unique_ptr<io::Checkpoint> checkpoint;
   std::unique_ptr<io::GgufFile> gguf;
   std::deque<std::unique_ptr<std::byte[]>> owned;
-  std::deque<std::vector<float>> scales;  // fp8 scale grids converted to fp32
+  std::deque<std::vector<float>> scales;   // fp8 scale grids converted to fp32
+  std::deque<std::vector<float>> vectors;  // the small fp32 vectors (norms, conv, gates)
 
   std::byte* allocate(std::int64_t bytes) {
     return owned.emplace_back(std::make_unique<std::byte[]>(static_cast<std::size_t>(bytes))).get();
   }
+  /// Keeps `v` for the weights' lifetime; a view of it.
+  model::FloatView keep(std::vector<float> v) { return vectors.emplace_back(std::move(v)); }
 };
 
 /// A loaded model before it is given a compiled spec: config, bound weights, their storage.
@@ -240,7 +243,11 @@ class Binder {
   /// A whole tensor as fp32, shape checked. In the bf16 scheme its values are rounded to bf16
   /// too (what casting the whole model to bf16 gives), unless `keep_precision`: Qwen3.6
   /// checkpoints keep A_log in f32.
-  std::vector<float> vector(std::string const& name, Shape const& expected, bool keep_precision = false) {
+  model::FloatView vector(std::string const& name, Shape const& expected, bool keep_precision = false) {
+    return storage_.keep(values(name, expected, keep_precision));
+  }
+  /// vector()'s values, not kept.
+  std::vector<float> values(std::string const& name, Shape const& expected, bool keep_precision = false) {
     io::TensorRecord const& t = get(name, expected);
     std::vector<float> out(static_cast<std::size_t>(t.shape.numel()));
     io::read_f32(t, out);
@@ -251,6 +258,8 @@ class Binder {
   }
 
   WeightView stack(WeightView const& a, WeightView const& b) { return conv_.stack(a, b); }
+  /// Keeps `v` with the weights; a view of it.
+  model::FloatView keep(std::vector<float> v) { return storage_.keep(std::move(v)); }
 
   /// Names of checkpoint tensors no binding asked for.
   [[nodiscard]] std::vector<std::string> unused() const {
@@ -343,8 +352,9 @@ inline model::ModelWeights bind_weights(model::ModelConfig const& c, Binder& wb)
       w.linear.out = wb.matrix(A + "out_proj.weight", WeightRole::kDeltaNetOut, d, value_dim);
       w.linear.conv = wb.vector(A + "conv1d.weight", Shape{conv_dim, 1, c.d_conv});
       w.linear.dt_bias = wb.vector(A + "dt_bias", Shape{c.n_head_v_linear});
-      w.linear.neg_a = wb.vector(A + "A_log", Shape{c.n_head_v_linear}, /*keep_precision=*/true);
-      for (float& x : w.linear.neg_a) x = -std::exp(x);
+      std::vector<float> neg_a = wb.values(A + "A_log", Shape{c.n_head_v_linear}, /*keep_precision=*/true);
+      for (float& x : neg_a) x = -std::exp(x);
+      w.linear.neg_a = wb.keep(std::move(neg_a));
       w.linear.norm = wb.vector(A + "norm.weight", Shape{c.d_head_v_linear});
     }
     std::string const M = L + "mlp.";
@@ -411,7 +421,7 @@ inline WeightFormat gguf_format(io::GgufTensor const& t) {
 class GgufBinder {
  public:
   GgufBinder(io::GgufFile const& f, WeightScheme scheme, WeightStorage& storage, io::Progress* progress)
-      : f_(f), conv_(scheme, storage), progress_(progress) {}
+      : f_(f), conv_(scheme, storage), storage_(storage), progress_(progress) {}
 
   [[nodiscard]] bool has(std::string const& name) const { return f_.find_tensor(name) != nullptr; }
 
@@ -428,22 +438,22 @@ class GgufBinder {
     return conv_.bind(view(t).slice_rows(e * rows, rows), role, name);
   }
 
-  /// A vector of n values as fp32 (any leading ne; ggml stores [n] or {n, 1}).
-  std::vector<float> vector(std::string const& name, std::int64_t n) {
+  /// A vector of n values as fp32 (any leading ne; ggml stores [n] or {n, 1}), kept with the weights.
+  model::FloatView vector(std::string const& name, std::int64_t n) {
     io::GgufTensor const& t = get(name, {n, 1, 1, 1});
     std::vector<float> out(static_cast<std::size_t>(n));
     dequantize_row(view(t), 0, out.data());
     check_finite(out, f_.path(), name);
-    return out;
+    return storage_.keep(std::move(out));
   }
-  /// A [rows, cols] table (e.g. the conv kernel, ne {d_conv, channels}) as fp32, row-major.
-  std::vector<float> table(std::string const& name, std::int64_t rows, std::int64_t cols) {
+  /// A [rows, cols] table (e.g. the conv kernel, ne {d_conv, channels}) as fp32, row-major, kept.
+  model::FloatView table(std::string const& name, std::int64_t rows, std::int64_t cols) {
     io::GgufTensor const& t = get(name, {cols, rows, 1, 1});
     WeightView const v = view(t);
     std::vector<float> out(static_cast<std::size_t>(rows * cols));
     for (std::int64_t r = 0; r < rows; ++r) dequantize_row(v, r, out.data() + r * cols);
     check_finite(out, f_.path(), name);
-    return out;
+    return storage_.keep(std::move(out));
   }
 
   WeightView stack(WeightView const& a, WeightView const& b) { return conv_.stack(a, b); }
@@ -471,6 +481,7 @@ class GgufBinder {
 
   io::GgufFile const& f_;
   Converter conv_;
+  WeightStorage& storage_;
   io::Progress* progress_;
   std::set<std::string> used_;
 };

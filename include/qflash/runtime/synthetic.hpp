@@ -346,8 +346,12 @@ class SyntheticFiller {
   WeightView matrix(WeightRole role, std::int64_t rows, std::int64_t cols) { return matrices(role, rows, cols, 1)[0]; }
 
   /// n values uniform in [center - half_width, center + half_width], rounded to bf16 (what a
-  /// bf16 checkpoint holds) unless `keep_f32` (Qwen3.6 keeps A_log in f32).
-  std::vector<float> vector(std::int64_t n, float center, float half_width, bool keep_f32 = false) {
+  /// bf16 checkpoint holds) unless `keep_f32` (Qwen3.6 keeps A_log in f32); kept in the storage.
+  model::FloatView vector(std::int64_t n, float center, float half_width, bool keep_f32 = false) {
+    return storage_.keep(values(n, center, half_width, keep_f32));
+  }
+  /// vector()'s values, not kept.
+  std::vector<float> values(std::int64_t n, float center, float half_width, bool keep_f32 = false) {
     RowRng rng(seed_, next_tensor_++, 0);
     std::vector<float> v(static_cast<std::size_t>(n));
     for (float& x : v) {
@@ -415,8 +419,9 @@ inline LoadedModel synthetic_model(model::ModelConfig const& c, WeightScheme sch
       lw.linear.out = fill.matrix(WeightRole::kDeltaNetOut, d, value);
       lw.linear.conv = fill.vector(conv * c.d_conv, 0.0f, 0.5f);
       lw.linear.dt_bias = fill.vector(c.n_head_v_linear, 0.0f, 1.0f);
-      lw.linear.neg_a = fill.vector(c.n_head_v_linear, 0.0f, 1.0f, /*keep_f32=*/true);  // A_log
-      for (float& x : lw.linear.neg_a) x = -std::exp(x);
+      std::vector<float> neg_a = fill.values(c.n_head_v_linear, 0.0f, 1.0f, /*keep_f32=*/true);  // A_log
+      for (float& x : neg_a) x = -std::exp(x);
+      lw.linear.neg_a = m.storage->keep(std::move(neg_a));
       lw.linear.norm = fill.vector(c.d_head_v_linear, 1.0f, kNormNoise);  // a plain weight
     }
     // The router with the shared-expert gate as its last row, as bind_weights stacks them.

@@ -309,6 +309,42 @@ TEST_CASE("linear: fp8 rows decoded with AVX2 and AVX-512 are dequantize_row's f
   }
 }
 
+TEST_CASE("linear: q8_0 on AVX-VNNI gives the AVX2 sign-trick kernels' sums bit for bit") {
+  if (!arch::avx_vnni()) {
+    MESSAGE("skipped: this CPU has no AVX-VNNI (or QFLASH_AVX_VNNI=0)");
+    return;
+  }
+  // Random codes, and a block holding both extremes (127 and -127).
+  for (std::int64_t n : {32, 7 * 32, 11 * 32}) {
+    CAPTURE(n);
+    int const rows = 4, tokens = 4;
+    std::int64_t const nb = n / 32;
+    auto wf = test::random_floats(static_cast<std::size_t>(rows * n), 41);
+    wf[0] = 1.0f, wf[1] = -1.0f;  // the block's extremes: codes 127 and -127
+    auto w = encode_matrix(WeightFormat::kQ8_0, wf.data(), rows, n);
+    auto xf = test::random_floats(static_cast<std::size_t>(tokens * n), 42);
+    std::int64_t const xs = cpu::act_row_bytes(WeightFormat::kQ8_0, n);
+    std::vector<std::byte> xq(static_cast<std::size_t>(tokens * xs));
+    for (int t = 0; t < tokens; ++t)
+      cpu::quantize_activations(cpu::ActBlocks::kQ8_0, xf.data() + t * n, n, xq.data() + t * xs);
+    auto const* wb = static_cast<gguf::BlockQ8_0 const*>(w.view.data);
+    std::int64_t const stride = w.view.row_bytes();
+    gguf::BlockQ8_0 const* x[tokens];
+    for (int t = 0; t < tokens; ++t) x[t] = reinterpret_cast<gguf::BlockQ8_0 const*>(xq.data() + t * xs);
+    auto same = [](float const* a, float const* b, int count) { return std::memcmp(a, b, sizeof(float) * count) == 0; };
+    float want[16], got[16];
+    cpu::dot_tile_avx2<2, 4>(wb, stride, x, nb, want);
+    cpu::dot_tile_avx_vnni<2, 4>(wb, stride, x, nb, got);
+    CHECK(same(want, got, 8));
+    cpu::dot_tokens_avx2<3>(wb, x, nb, want);
+    cpu::dot_tile_avx_vnni<1, 3>(wb, 0, x, nb, got);
+    CHECK(same(want, got, 3));
+    cpu::dot_avx2<4>(wb, stride, x[1], nb, want);  // decode: one token, four rows, streamed
+    cpu::dot_tile_avx_vnni<4, 1, true>(wb, stride, x + 1, nb, got);
+    CHECK(same(want, got, 4));
+  }
+}
+
 TEST_CASE("linear: fp8 rows multiplied in registers (one token) take each byte's value; NaN stays NaN") {
   // One-hot activations: output o is weight (o, i) times 1, summed with zeros and scaled by its
   // tile's scale, exactly dequantize_row's value. 6 rows: a pass of 4, then single rows. Every

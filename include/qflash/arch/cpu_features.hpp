@@ -79,6 +79,22 @@ inline CpuIsa detect_cpu_isa() {
   return CpuIsa::kScalar;
 }
 
+/// True when the processor has AVX-VNNI (256-bit vpdpbusd without AVX-512: Alder Lake and
+/// later Intel cores, Zen 5) and QFLASH_AVX_VNNI is not "0". It is not a level: AVX-512 VNNI
+/// processors before Sapphire Rapids lack it. The AVX2 integer kernels use it for q8_0.
+inline bool avx_vnni() {
+  static bool const usable = [] {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (char const* env = std::getenv("QFLASH_AVX_VNNI"); env && std::string_view(env) == "0") return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return detect_cpu_isa() >= CpuIsa::kAvx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u);
+#else
+    return false;
+#endif
+  }();
+  return usable;
+}
+
 /// Every level, lowest first.
 inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Vnni,
                                          CpuIsa::kAvx512Bf16, CpuIsa::kAmx};

@@ -50,6 +50,8 @@
 
 /// AVX2 + FMA + F16C (arch::CpuIsa::kAvx2).
 #define QFLASH_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+/// AVX2 plus AVX-VNNI (256-bit vpdpbusd; arch::avx_vnni()).
+#define QFLASH_TARGET_AVX_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 /// AVX-512 F/BW/VL/DQ on top of AVX2 (arch::CpuIsa::kAvx512).
 #define QFLASH_TARGET_AVX512 \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))

@@ -442,6 +442,47 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ8_0 const* w, BlockQ8_0 const* con
   dot_tile_avx2<1, NT>(w, 0, x, nb, out);
 }
 
+/// dot_tile_avx2 with AVX-VNNI: vpdpbusd multiplies unsigned by signed bytes, so the weights
+/// go in offset to w + 128 (one xor per row) and each block's sum starts at -128 times the
+/// activations' sum (one vpdpbusd per token): the same exact int32 sums as the sign trick with
+/// one instruction for the products (instead of two signs, vpmaddubsw and vpmaddwd), then the
+/// same fp32 steps, so the results equal dot_tile_avx2's bit for bit. With kStream the blocks
+/// R rows on are prefetched (decode, as dot_avx2).
+template <int R, int NT, bool kStream = false>
+QFLASH_TARGET_AVX_VNNI void dot_tile_avx_vnni(BlockQ8_0 const* w, std::int64_t stride, BlockQ8_0 const* const* x,
+                                              std::int64_t nb, float* out) {
+  __m256 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  __m256i const offset = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (std::int64_t b = 0; b < nb; ++b) {
+    __m256i wq[R];
+    __m256 dw[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      BlockQ8_0 const& wb = row_at(w, stride, r)[b];
+      if constexpr (kStream)
+        if (b % 2 == 0) prefetch_next_rows<R>(&wb, stride);
+      wq[r] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<__m256i const*>(wb.qs)), offset);
+      dw[r] = _mm256_set1_ps(avx2_float(wb.d));
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs));
+      __m256 const dx = _mm256_set1_ps(avx2_float(x[t][b].d));
+      __m256i const start =
+          _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), offset, xq));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        __m256i const s = _mm256_dpbusd_avx_epi32(start, wq[r], xq);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) out[r * NT + t] = simd::avx2_reduce_add(acc[r][t]);
+}
+
 template <int NT>
 QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ4K const* w, BlockQ8K const* const* x, std::int64_t nb, float* out) {
   __m256 acc[NT];

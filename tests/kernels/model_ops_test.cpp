@@ -545,7 +545,7 @@ TEST_CASE("router_topk: same expert sets and weights as the reference; weights s
   CHECK(launch_router_topk<spec::qwen3_6_35b_a3b>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
 }
 
-TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every weight format") {
+TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every weight format and ISA path") {
   int const n_expert = 5, k = 2;
   for (WeightFormat f : kAllWeightFormats)
     for (int n_tok : {1, 4, 11, 40}) {
@@ -568,15 +568,22 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every we
       std::vector<float> out(static_cast<std::size_t>(n_tok * d_model), 1.0f), ref_out(out);
       ExpertFfnArgs a = c.args(ref_out.data());
       ref::expert_ffn(a);
-      for (bool fused : {true, false}) {  // fusion::SwiGluInExperts, fusion::SwiGluSeparate
-        CAPTURE(fused);
-        std::fill(out.begin(), out.end(), 1.0f);
-        a.out = out.data();
-        a.fused_swiglu = fused;
-        REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
-        auto r = all_close<float, float>(out, ref_out, Tolerance{5e-5, 1e-5});
-        CHECK_MESSAGE(r.ok, r.report);
-      }
+      for (auto isa : isas_here())
+        for (bool fused : {true, false}) {  // fusion::SwiGluInExperts, fusion::SwiGluSeparate
+          CAPTURE(to_string(isa));
+          CAPTURE(fused);
+          std::fill(out.begin(), out.end(), 1.0f);
+          a.out = out.data();
+          a.fused_swiglu = fused;
+          REQUIRE(cpu::expert_ffn<WeightFormat::kAny>(isa, a) == Status::kSuccess);
+          auto r = all_close<float, float>(out, ref_out, Tolerance{5e-5, 1e-5});
+          CHECK_MESSAGE(r.ok, r.report);
+        }
+      std::fill(out.begin(), out.end(), 1.0f);
+      a.out = out.data();
+      REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);  // the launcher: cpu_isa()
+      auto const r = all_close<float, float>(out, ref_out, Tolerance{5e-5, 1e-5});
+      CHECK_MESSAGE(r.ok, r.report);
       c.routes[0] = n_expert;
       CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
     }

@@ -134,7 +134,10 @@ inline CpuTopology cpu_topology() {
       siblings.push_back(cpu);
   }
   topo.cpus.insert(topo.cpus.end(), siblings.begin(), siblings.end());
-  if (readable) topo.cores = static_cast<int>(cores.size());
+  if (readable)
+    topo.cores = static_cast<int>(cores.size());
+  else
+    std::sort(topo.cpus.begin(), topo.cpus.end());
 #endif
   return topo;
 }

@@ -170,10 +170,11 @@ class Uploader {
   void experts(std::span<ExpertWeights const> host, std::span<ExpertWeights> dev, WeightView ExpertWeights::*which) {
     if (host.empty()) return;
     WeightView const& w0 = host[0].*which;
-    if (std::optional<kernels::StackedView> s = kernels::stack(host, which); s && s->data_stride >= w0.bytes()) {
+    std::optional<kernels::StackedView> const stacked = kernels::stack(host, which);
+    if (stacked && stacked->data_stride >= w0.bytes() && stacked->scales_stride >= 0) {
       // One range from the first expert's bytes to the end of the last's, as laid out.
       std::int64_t const n = static_cast<std::int64_t>(host.size());
-      std::int64_t const span_bytes = (n - 1) * s->data_stride + w0.bytes();
+      std::int64_t const span_bytes = (n - 1) * stacked->data_stride + w0.bytes();
       std::byte* data = st_.allocate(span_bytes);
       st_.upload(data, w0.data, span_bytes);
       progress_.advance(static_cast<std::uint64_t>(n * w0.bytes()), static_cast<int>(n));
@@ -190,10 +191,10 @@ class Uploader {
         st_.upload(grid, begin, floats * 4);
       }
       for (std::size_t e = 0; e < host.size(); ++e) {
-        WeightView v = s->at(static_cast<int>(e));
-        v.data = data + static_cast<std::int64_t>(e) * s->data_stride;
+        WeightView v = stacked->at(static_cast<int>(e));
+        v.data = data + static_cast<std::int64_t>(e) * stacked->data_stride;
         if (grid) {
-          v.scales = grid + static_cast<std::int64_t>(e) * s->scales_stride;
+          v.scales = grid + static_cast<std::int64_t>(e) * stacked->scales_stride;
           v.scale_row0 -= first_block * kFp8BlockSize;
         }
         dev[e].*which = v;

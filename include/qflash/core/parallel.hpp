@@ -24,7 +24,7 @@
 /// thread is pinned to its own CPU (one per physical core first): the workers, and the thread
 /// that starts the pool, which takes the first. Off by default: on the 2-vCPU VMs measured it
 /// gained nothing (Q4_K decode, default model, also beside a busy process), and pinning the
-/// workers alone cost the default model's decode 10-20% (the caller shared a worker's CPU).
+/// workers alone cost the default model's decode 10-20%.
 #pragma once
 
 #include <algorithm>

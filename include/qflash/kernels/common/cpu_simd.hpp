@@ -282,38 +282,28 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE float avx2_reduce_add(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-/// 8 e4m3 bytes as fp32 divided by 256 (exactly; see avx2_fp8x8).
-QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_fp8x8_over256(std::uint8_t const* p) {
-  __m128i const b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<__m128i const*>(p)));
-  __m128i const mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
-  __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
-  h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7c00)));
-  return _mm256_cvtph_ps(h);
-}
-
-/// 16 e4m3 bytes as fp32 divided by 256 (exactly; see avx2_fp8x8).
-QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_fp8x16_over256(std::uint8_t const* p) {
-  __m256i const b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<__m128i const*>(p)));
-  __m256i const mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
-  // h = mag << 7 with b's sign bit at 15: bits of (mag << 7) where the mask is 0, of b << 8 where it is 1.
-  __m256i const h = _mm256_ternarylogic_epi32(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(b, 8),
-                                              _mm256_set1_epi16(static_cast<short>(0x8000)), 0xD8);
-  __mmask16 const nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
-  return _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_or_si256(h, _mm256_set1_epi16(0x7c00))));
-}
-
 /// 8 e4m3 bytes as fp32 times `scale`, equal to to_float(Fp8E4m3) * scale: a byte's exponent
 /// and mantissa bits become an fp16's (exponent bias 15 for 7, so the value / 256; e4m3's
 /// subnormals are fp16 subnormals, which F16C converts exactly), and the one e4m3 NaN
 /// pattern an fp16 NaN; `scale256` is 256 * scale, an exact power-of-two product.
 QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_fp8x8(std::uint8_t const* p, __m256 scale256) {
-  return _mm256_mul_ps(avx2_fp8x8_over256(p), scale256);
+  __m128i const b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<__m128i const*>(p)));
+  __m128i const mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+  __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+  h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7c00)));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), scale256);
 }
 
 
 /// 16 e4m3 bytes as fp32 times `scale`, as avx2_fp8x8 (`scale256` = 256 * scale).
 QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE __m512 avx512_fp8x16(std::uint8_t const* p, __m512 scale256) {
-  return _mm512_mul_ps(avx512_fp8x16_over256(p), scale256);
+  __m256i const b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<__m128i const*>(p)));
+  __m256i const mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+  __m256i const h =
+      _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+  __mmask16 const nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_or_si256(h, _mm256_set1_epi16(0x7c00)))),
+                       scale256);
 }
 
 }  // namespace qflash::kernels::simd

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 
 #include <charconv>
 #include <cmath>
@@ -153,8 +154,29 @@ inline void refuse_foreign_flags(std::span<char* const> args) {
     if (a.starts_with("-ngl") || a.starts_with("--n-gpu-layers") || a.starts_with("--gpu-layers"))
       throw UsageError(std::string(a.substr(0, a.find('='))) +
                        ": qflash does not split layers between CPU and GPU; it runs the whole model on "
-                       "one device, chosen with --device (this build: cpu)");
+                       "one device, chosen with --device (cpu or cuda[:N])");
   }
+}
+
+/// The CUDA device index --device names ("cuda": 0, "cuda:N": N), or nullopt for "cpu".
+inline std::optional<int> cuda_device(std::string const& device) {
+  if (device == "cpu") return std::nullopt;
+  if (device == "cuda") return 0;
+  return std::stoi(device.substr(5));  // device_validator accepted "cuda:N"
+}
+
+/// --device's values: cpu, cuda, cuda:N with N a device index.
+inline CLI::Validator device_validator() {
+  return CLI::Validator(
+      [](std::string const& v) -> std::string {
+        if (v == "cpu" || v == "cuda") return {};
+        std::string_view const n = std::string_view(v).substr(std::min<std::size_t>(v.size(), 5));
+        if (v.starts_with("cuda:") && !n.empty() && n.size() <= 4 &&
+            std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+          return {};
+        return "expected cpu, cuda or cuda:N (N a device index), not '" + v + "'";
+      },
+      "cpu|cuda[:N]");
 }
 
 /// The first argument that is not an option (the command), or empty.

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <map>
 #include <new>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -41,7 +42,13 @@
 #include "qflash/runtime/perplexity.hpp"
 #include "qflash/runtime/weight_plan.hpp"
 #include "qflash/runtime/with_model.hpp"
+#if QFLASH_CLI_CUDA
+#include "qflash/runtime/cuda/model.hpp"
+#endif
 
+#ifndef QFLASH_CLI_CUDA
+#define QFLASH_CLI_CUDA 0
+#endif
 #ifndef QFLASH_VERSION
 #define QFLASH_VERSION "unknown"
 #endif
@@ -77,8 +84,11 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
                   "int4 (group 128); converted at load, router gates keep the checkpoint's precision")
       ->check(CLI::IsMember(schemes))
       ->capture_default_str();
-  cmd->add_option("--device", o.device, "where the model runs (this build: cpu)")
-      ->check(CLI::IsMember({"cpu"}))
+  cmd->add_option("--device", o.device,
+                  std::string("where the model runs: cpu, or cuda[:N] (CUDA device N, default 0) for run, logits, "
+                              "perplexity, calibrate and route-stats; this build: ") +
+                      (QFLASH_CLI_CUDA ? "cpu and cuda" : "cpu only"))
+      ->check(cli::device_validator())
       ->capture_default_str();
   cmd->add_option("-t,--threads", o.threads,
                   "CPU threads (0: one per physical core, or QFLASH_NUM_THREADS; more than the CPUs "
@@ -148,14 +158,38 @@ void require_weights(std::string const& model) {
                ") found; 'qflash inspect' works on a config alone");
 }
 
-/// Loads the model (whose config `cfg` is) as the compiled spec that fits it and calls fn(model).
+/// Throws UsageError, before anything loads, when --device names a CUDA device that this build
+/// or `command` cannot use.
+void check_device(CommonOptions const& o, std::string const& command) {
+  if (!cli::cuda_device(o.device)) return;
+  if (!QFLASH_CLI_CUDA)
+    throw UsageError("--device " + o.device +
+                     ": this build has no CUDA kernels (configure with -DQFLASH_ENABLE_CUDA=ON where a CUDA toolkit "
+                     "is installed)");
+  if (command == "serve" || command == "chat")
+    throw UsageError("--device " + o.device + ": '" + command + "' runs on the CPU only for now (--device cpu)");
+  if (!o.lora.specs.empty())
+    throw UsageError("--lora: adapters run on the CPU only for now; drop --device " + o.device);
+}
+
+/// Loads the model (whose config `cfg` is) as the compiled spec that fits it, on the device
+/// --device names, and calls fn(model).
 template <class Fn>
 void with_model(CommonOptions const& o, model::ModelConfig const& cfg, Fn&& fn) {
+  std::optional<int> const device = cli::cuda_device(o.device);
+#if QFLASH_CLI_CUDA
+  if (device) (void)runtime::cuda_arch_for(*device);  // no device, or none it runs: said before loading
+#endif
   apply_threads(o.threads);
   auto opts = load_options(o);
   opts.config = cfg;
   auto m = runtime::load_model(o.model_dir, opts);
   opts.model.lora = cli::apply_loras(o.lora, m);
+#if QFLASH_CLI_CUDA
+  if (device) return runtime::with_cuda_model(std::move(m), *device, opts.model, ::isatty(2) != 0, fn);
+#else
+  QFLASH_CHECK(!device, "--device ", o.device, ": no CUDA in this build");  // check_device said so first
+#endif
   runtime::with_model(std::move(m), opts.model, fn);
 }
 
@@ -717,6 +751,8 @@ int main(int argc, char** argv) {
     if (!kl_base.empty()) (void)cli::parse_kv_option(kl_base, "--kl-base");
     (void)parse_routing_option(common.routing);
     cli::check_lora_options(common.lora);
+    for (auto* cmd : {run, logits, ppl, route_stats, calibrate, serve, chat})
+      if (*cmd) check_device(common, cmd->get_name());
     if (*serve) {
       if (!verbose) logger->set_level(spdlog::level::info);  // one line per request
       cli::check_serve_options(serve_opts);

@@ -381,7 +381,7 @@ PY
     rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
     head -c 100 "$tiny/model.safetensors" > "$tmp/m/model.safetensors"
     for flags in "--temp -1" "--top-p 1.5" "--min-p 2" "--top-k -3" "--repeat-penalty 0" "-n -2" \
-                 "-t -1" "--stop a\\q" "-s -5" "--weights f64" "--device cuda"; do
+                 "-t -1" "--stop a\\q" "-s -5" "--weights f64" "--device tpu" "--device cuda:x"; do
       run run --model "$tmp/m" $flags
       expect_rc 2
       grep -q "model.safetensors" "$tmp/err" && fail "$flags: the model was read first"
@@ -393,6 +393,36 @@ PY
     run run --model "$tmp/m" -n 2  # the same model without the bad flag: a load error, exit 1
     expect_rc 1
     expect_err "model.safetensors"
+    ;;
+  device)  # --device: its values, the commands that run on CUDA, and what a build without a GPU says
+    run run --model "$tiny" --device cuda:1x
+    expect_rc 2
+    expect_err "error: --device: expected cpu, cuda or cuda:N \(N a device index\), not 'cuda:1x'"
+    run serve --model "$tiny" --device cuda
+    expect_rc 2
+    expect_err "error: --device cuda: ('serve' runs on the CPU only|this build has no CUDA kernels)"
+    run run --model "$tiny" --device cuda --lora "$fixtures/lora/tiny_qwen3_moe"
+    expect_rc 2
+    expect_err "error: (--lora: adapters run on the CPU only|--device cuda: this build has no CUDA kernels)"
+    run run --model "$tiny" --prompt "Hello" -n 8 --ignore-eos
+    expect_rc 0
+    cp "$tmp/out" "$tmp/cpu"
+    run run --model "$tiny" --prompt "Hello" -n 8 --ignore-eos --device cuda:0
+    if "$qflash" run --help | grep -q "this build: cpu and cuda"; then
+      if [[ $(cat "$tmp/rc") == 0 ]]; then  # a GPU: the same greedy text as the CPU
+        cmp -s "$tmp/out" "$tmp/cpu" || fail "--device cuda wrote $(cat "$tmp/out"), the CPU $(cat "$tmp/cpu")"
+      else
+        expect_rc 1
+        expect_err "error: (no CUDA device is available|CUDA device 0 .*runs none of the compiled archs)"
+        grep -q "loading" "$tmp/err" && fail "the model was loaded before the device was checked"
+      fi
+      run run --model "$tiny" -n 2 --device cuda:4096
+      expect_rc 1
+      expect_err "error: (no CUDA device is available|CUDA device 4096 does not exist)"
+    else
+      expect_rc 2
+      expect_err "error: --device cuda:0: this build has no CUDA kernels \(configure with -DQFLASH_ENABLE_CUDA=ON"
+    fi
     ;;
   threads)  # more threads than CPUs: reduced to the CPUs, with a warning
     run run --model "$tiny" -n 2 -t 100000

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "qflash/core/memory.hpp"
 #include "qflash/io/safetensors.hpp"
 #include "qflash/model/model.hpp"
 #include "qflash/runtime/load_model.hpp"
@@ -342,4 +343,87 @@ TEST_CASE("every weight scheme loads, runs, and binds the bytes its plan says") 
     // default model (default_model_test), not bounded here.
     if (scheme == runtime::WeightScheme::kAuto || scheme == runtime::WeightScheme::kF32) CHECK(worst == 0.0);
   }
+}
+
+namespace {
+
+/// Host memory that counts what it holds and what it is asked to do; `device` makes it claim
+/// to be a device's.
+class CountingMemory final : public Memory {
+ public:
+  explicit CountingMemory(bool device = false) : device_(device) {}
+  std::int64_t held = 0, allocations = 0, copies = 0, zeros = 0, syncs = 0, activations = 0;
+
+  [[nodiscard]] bool on_device() const override { return device_; }
+  void activate() override { ++activations; }
+  void copy(void* dst, void const* src, std::size_t n, stream_t s) override {
+    ++copies;
+    host_memory()->copy(dst, src, n, s);
+  }
+  void zero(void* dst, std::size_t n, stream_t s) override {
+    ++zeros;
+    host_memory()->zero(dst, n, s);
+  }
+  void synchronize(stream_t) override { ++syncs; }
+
+ private:
+  void* do_allocate(std::size_t n, std::size_t a) override {
+    held += static_cast<std::int64_t>(n);
+    ++allocations;
+    return host_memory()->allocate(n, a);
+  }
+  void do_deallocate(void* p, std::size_t n, std::size_t a) override {
+    held -= static_cast<std::int64_t>(n);
+    host_memory()->deallocate(p, n, a);
+  }
+  [[nodiscard]] bool do_is_equal(std::pmr::memory_resource const& o) const noexcept override { return this == &o; }
+
+  bool device_;
+};
+
+}  // namespace
+
+TEST_CASE("working memory: scratch, batch arrays, KV and states come from the model's Memory") {
+  Fixture fx("qwen3_5_moe_tiny");
+  auto const ids = fx.prompt(2);
+  auto host = load(fx.dir, opts());
+  auto const want = full_logits(*host, ids);
+
+  auto counting = std::make_shared<CountingMemory>();
+  auto o = opts();
+  o.model.memory = counting;
+  {
+    auto m = load(fx.dir, o);
+    CHECK(m->memory() == counting);
+    auto s = m->new_sequence();
+    std::int64_t const states = counting->held;
+    CHECK(states > 0);  // the DeltaNet layers' conv and recurrent states
+    model::SequenceChunk const c{ids, &s};
+    std::vector<float> logits;
+    m->forward(std::span(&c, 1), model::LogitsFor::kLastToken, logits);
+    CHECK(counting->held > states);  // + scratch, batch arrays, KV blocks and tables
+    CHECK(counting->activations == 1);
+    CHECK(counting->zeros > 0);   // the MoE output before its experts add in
+    CHECK(counting->copies > 0);  // the last token's row gathered for the logits
+    CHECK(counting->syncs > 0);
+    std::vector<float> const last(want.end() - static_cast<std::ptrdiff_t>(logits.size()), want.end());
+    CHECK(logits == last);  // the same kernels on the same memory kind
+
+    std::int64_t const before_fork = counting->held;
+    auto f = s.fork();
+    CHECK(counting->held > before_fork);  // the fork's states and its copy of the last block
+    s.reset();
+  }
+  CHECK(counting->held == 0);  // everything went back where it came from
+}
+
+TEST_CASE("working memory: a model refuses memory of the wrong kind") {
+  Fixture fx("qwen3_5_moe_tiny");
+  auto o = opts();
+  o.model.memory = std::make_shared<CountingMemory>(/*device=*/true);
+  CHECK_THROWS_WITH_AS(load(fx.dir, o), doctest::Contains("a cpu model needs host memory"), Error);
+  auto lm = runtime::load_model(fx.dir, opts());
+  CHECK_THROWS_WITH_AS((model::Model<spec::generic, arch::Sm80>(std::move(lm.config), std::move(lm.weights),
+                                                               lm.storage, {})),
+                       doctest::Contains("a sm80 model needs a CUDA device's memory"), Error);
 }

@@ -4,7 +4,8 @@
 /// sequence serves all layers), laid out per head in its own format (kv/map.hpp). The pool
 /// is sized in blocks, from a byte budget or a context: its arenas are allocated at once
 /// (kUpFront) or as blocks are first used (kOnDemand, for a private single-sequence pool).
-/// Running out is an Error that leaves every block as it was.
+/// Running out is an Error that leaves every block as it was. The arenas come from a Memory
+/// (core/memory.hpp): the host's, or a CUDA device's for a model on it.
 ///
 /// Blocks are reference-counted, so sequences can share the blocks of a common prefix: a
 /// BlockReuse (the prefix cache) may mark blocks as reusable, keep them after their last
@@ -16,9 +17,11 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "qflash/core/error.hpp"
+#include "qflash/core/memory.hpp"
 #include "qflash/kv/map.hpp"
 #include "qflash/kv/view.hpp"
 #include "qflash/model/config.hpp"
@@ -119,10 +122,13 @@ class KvBlockPool {
  public:
   enum class Allocation { kUpFront, kOnDemand };
 
-  /// A pool of `capacity` blocks.
-  KvBlockPool(KvLayout layout, std::int64_t capacity, Allocation a = Allocation::kUpFront)
-      : layout_(std::move(layout)), capacity_(capacity), arenas_(layout_.n_layer()) {
+  /// A pool of `capacity` blocks whose arenas come from `memory`.
+  KvBlockPool(KvLayout layout, std::int64_t capacity, Allocation a = Allocation::kUpFront,
+              std::shared_ptr<Memory> memory = host_memory())
+      : layout_(std::move(layout)), capacity_(capacity), memory_(std::move(memory)) {
     QFLASH_CHECK(capacity >= 0 && capacity <= INT32_MAX, "KV pool: ", capacity, " blocks is not a valid size");
+    QFLASH_CHECK(memory_, "KV pool: no memory to allocate from");
+    for (std::size_t l = 0; l < layout_.n_layer(); ++l) arenas_.emplace_back(memory_.get());
     if (a == Allocation::kUpFront) grow(capacity, /*commit=*/true);
   }
 
@@ -137,6 +143,8 @@ class KvBlockPool {
   }
 
   [[nodiscard]] KvLayout const& layout() const { return layout_; }
+  /// What the arenas (and the block tables and states of sequences in this pool) live in.
+  [[nodiscard]] std::shared_ptr<Memory> const& memory() const { return memory_; }
   [[nodiscard]] std::int64_t capacity() const { return capacity_; }
   /// Blocks some sequence references.
   [[nodiscard]] std::int64_t used_blocks() const { return referenced_; }
@@ -147,10 +155,11 @@ class KvBlockPool {
   /// Bytes the arenas hold now (allocated; kOnDemand's untouched room is not resident).
   [[nodiscard]] std::int64_t reserved_bytes() const { return allocated_ * layout_.block_bytes(); }
 
-  /// Appends `n` blocks to `table`, each with one reference, or throws (naming what was asked
-  /// and what is free) with `table` and the pool unchanged. Free blocks go first, then blocks a
-  /// BlockReuse gives up.
-  void allocate(std::int64_t n, std::vector<std::int32_t>& table) {
+  /// Appends `n` blocks to `table` (a vector of int32 block ids), each with one reference, or
+  /// throws (naming what was asked and what is free) with `table` and the pool unchanged. Free
+  /// blocks go first, then blocks a BlockReuse gives up.
+  template <class Table>
+  void allocate(std::int64_t n, Table& table) {
     if (n <= 0) return;
     QFLASH_CHECK(n <= free_blocks(), "KV cache full: ", n, " more blocks of ", layout_.block_tokens(),
                  " tokens needed, ", free_blocks(), " of ", capacity_, " free (", layout_.block_bytes(),
@@ -220,8 +229,10 @@ class KvBlockPool {
     for (std::size_t l = 0; l < arenas_.size(); ++l) {
       if (!layout_.holds_kv(l)) continue;
       std::int64_t const bytes = layout_.layer_block_bytes(l);
-      std::memcpy(arenas_[l].get() + to * bytes, arenas_[l].get() + from * bytes, static_cast<std::size_t>(bytes));
+      memory_->copy(arenas_[l].get() + to * bytes, arenas_[l].get() + from * bytes, static_cast<std::size_t>(bytes),
+                    nullptr);
     }
+    memory_->synchronize(nullptr);
   }
 
   /// Layer `layer`'s view of the sequence whose blocks are `table`.
@@ -246,14 +257,39 @@ class KvBlockPool {
     for (std::size_t l = 0; l < arenas_.size(); ++l) {
       if (!layout_.holds_kv(l)) continue;
       std::size_t const bytes = static_cast<std::size_t>(blocks * layout_.layer_block_bytes(l) + 8);
-      std::unique_ptr<std::uint8_t[]> arena(new std::uint8_t[bytes]);  // not value-initialized
-      if (arenas_[l])
-        std::memcpy(arena.get(), arenas_[l].get(), static_cast<std::size_t>(next_ * layout_.layer_block_bytes(l)));
-      if (commit) std::memset(arena.get(), 0, bytes);
+      Arena arena(memory_.get(), bytes);  // not initialized
+      if (arenas_[l].get())
+        memory_->copy(arena.get(), arenas_[l].get(), static_cast<std::size_t>(next_ * layout_.layer_block_bytes(l)),
+                      nullptr);
+      if (commit) memory_->zero(arena.get(), bytes, nullptr);
       arenas_[l] = std::move(arena);
     }
+    memory_->synchronize(nullptr);
     allocated_ = blocks;
   }
+
+  /// One layer's arena: bytes of the pool's memory, given back when it goes.
+  class Arena {
+   public:
+    explicit Arena(Memory* m, std::size_t bytes = 0)
+        : m_(m), bytes_(bytes), p_(bytes ? static_cast<std::uint8_t*>(m->allocate(bytes, Memory::kCacheLine)) : nullptr) {}
+    Arena(Arena&& o) noexcept : m_(o.m_), bytes_(std::exchange(o.bytes_, 0)), p_(std::exchange(o.p_, nullptr)) {}
+    Arena& operator=(Arena&& o) noexcept {
+      std::swap(m_, o.m_);
+      std::swap(bytes_, o.bytes_);
+      std::swap(p_, o.p_);
+      return *this;
+    }
+    ~Arena() {
+      if (p_) m_->deallocate(p_, bytes_, Memory::kCacheLine);
+    }
+    [[nodiscard]] std::uint8_t* get() const { return p_; }
+
+   private:
+    Memory* m_;
+    std::size_t bytes_;
+    std::uint8_t* p_;
+  };
 
   void check_block(std::int32_t b) const {
     QFLASH_CHECK(b >= 0 && b < next_, "KV pool: block ", b, " was never allocated");
@@ -268,7 +304,8 @@ class KvBlockPool {
   std::vector<int> refs_;             ///< [next_] references per block
   std::vector<bool> reusable_;        ///< [next_] kept by reuse_ when unreferenced
   BlockReuse* reuse_ = nullptr;
-  std::vector<std::unique_ptr<std::uint8_t[]>> arenas_;  ///< per layer; null for layers without KV
+  std::shared_ptr<Memory> memory_;
+  std::vector<Arena> arenas_;  ///< per layer; empty for layers without KV
 };
 
 }  // namespace qflash::kv

@@ -4,7 +4,8 @@
 /// full-attention layers, and conv and recurrent state for Gated DeltaNet layers. Layers see
 /// a KvView per layer, never the pool. A sequence may start from blocks it shares with others
 /// (a cached prefix), be forked, and have its linear state saved and restored (prefix hits of
-/// hybrid models).
+/// hybrid models). Block tables and states live in the pool's Memory, where the model's
+/// kernels read them (a device's for a model on one).
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "qflash/core/error.hpp"
+#include "qflash/core/memory.hpp"
 #include "qflash/kv/block_pool.hpp"
 #include "qflash/kv/prefix_cache.hpp"
 #include "qflash/model/config.hpp"
@@ -24,26 +26,31 @@
 namespace qflash::model {
 
 /// Gated DeltaNet state of one layer: the last d_conv-1 conv inputs [conv_dim, d_conv-1] and
-/// the recurrent state [n_head_v, d_k, d_v], both fp32.
+/// the recurrent state [n_head_v, d_k, d_v], both fp32, in one memory resource.
 struct LinearState {
-  std::vector<float> conv;
-  std::vector<float> recurrent;
+  MemoryVector<float> conv;
+  MemoryVector<float> recurrent;
 };
 
 /// A private pool for one sequence of up to cfg.max_position_embeddings tokens, its arenas
 /// grown as blocks are first used.
-inline std::shared_ptr<kv::KvBlockPool> private_kv_pool(ModelConfig const& cfg, kv::KvMap map) {
+inline std::shared_ptr<kv::KvBlockPool> private_kv_pool(ModelConfig const& cfg, kv::KvMap map,
+                                                        std::shared_ptr<Memory> memory = host_memory()) {
   kv::KvLayout layout(cfg, std::move(map));
   std::int64_t const blocks = (cfg.max_position_embeddings + layout.block_tokens() - 1) / layout.block_tokens();
-  return std::make_shared<kv::KvBlockPool>(std::move(layout), blocks, kv::KvBlockPool::Allocation::kOnDemand);
+  return std::make_shared<kv::KvBlockPool>(std::move(layout), blocks, kv::KvBlockPool::Allocation::kOnDemand,
+                                           std::move(memory));
 }
 
 class SequenceState {
  public:
   /// A sequence whose KV lives in `pool` (shared with other sequences or its own).
   SequenceState(ModelConfig const& cfg, std::shared_ptr<kv::KvBlockPool> pool)
-      : max_positions_(cfg.max_position_embeddings), pool_(std::move(pool)), linear_(cfg.layer_types.size()) {
+      : max_positions_(cfg.max_position_embeddings), pool_(std::move(pool)) {
     QFLASH_CHECK(pool_, "a sequence needs a KV pool");
+    MemoryAllocator<float> const in_pool(pool_->memory().get());
+    blocks_ = MemoryVector<std::int32_t>(in_pool);
+    linear_.assign(cfg.layer_types.size(), LinearState{MemoryVector<float>(in_pool), MemoryVector<float>(in_pool)});
     kv::KvLayout const& lay = pool_->layout();
     QFLASH_CHECK(lay.n_layer() == cfg.layer_types.size() && lay.d_head() == cfg.d_head &&
                      lay.n_head_kv() == cfg.n_head_kv,
@@ -84,7 +91,7 @@ class SequenceState {
   [[nodiscard]] kv::KvView kv(std::size_t layer) const { return pool_->view(layer, blocks_); }
   LinearState& linear(std::size_t layer) { return linear_[layer]; }
   [[nodiscard]] kv::KvBlockPool& pool() const { return *pool_; }
-  [[nodiscard]] std::vector<std::int32_t> const& blocks() const { return blocks_; }
+  [[nodiscard]] std::span<std::int32_t const> blocks() const { return blocks_; }
 
   /// Blocks for `positions` tokens (capped at max_positions), taken from the pool now, so
   /// that running up to there allocates nothing; throws when the pool has too few free,
@@ -98,10 +105,9 @@ class SequenceState {
   void reset() {
     n_past_ = 0;
     release_blocks();
-    for (auto& l : linear_) {
-      std::fill(l.conv.begin(), l.conv.end(), 0.0f);
-      std::fill(l.recurrent.begin(), l.recurrent.end(), 0.0f);
-    }
+    Memory& m = *pool_->memory();
+    for_each_linear(*this, [&](float* v, std::size_t count) { m.zero(v, count * sizeof(float), nullptr); });
+    m.synchronize(nullptr);
   }
 
   /// Starts an empty sequence from `blocks`, which hold its first `n_tokens` positions and on
@@ -184,7 +190,10 @@ class SequenceState {
 
  private:
   SequenceState(std::int64_t max_positions, std::shared_ptr<kv::KvBlockPool> pool, std::vector<LinearState> linear)
-      : max_positions_(max_positions), pool_(std::move(pool)), linear_(std::move(linear)) {}
+      : max_positions_(max_positions),
+        pool_(std::move(pool)),
+        blocks_(MemoryAllocator<std::int32_t>(pool_->memory().get())),
+        linear_(std::move(linear)) {}
 
   [[nodiscard]] std::size_t linear_floats() const {
     std::size_t n = 0;
@@ -210,7 +219,7 @@ class SequenceState {
   std::int64_t n_past_ = 0;
   std::int64_t max_positions_ = 0;
   std::shared_ptr<kv::KvBlockPool> pool_;
-  std::vector<std::int32_t> blocks_;
+  MemoryVector<std::int32_t> blocks_;
   std::vector<LinearState> linear_;
 };
 

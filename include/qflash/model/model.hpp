@@ -10,6 +10,11 @@
 /// one decode token) with its caches. Projections and experts run over all rows of the batch
 /// at once; attention and the delta rule run per sequence on that sequence's caches. Weights
 /// and caches are owned by the runtime (runtime/load_model.hpp); the model holds views.
+///
+/// On a CUDA arch the weights are device views (runtime/cuda/device_weights.hpp) and the
+/// working state (scratch, the batch's token arrays, new sequences' KV and recurrent states)
+/// lives in the device Memory given in ModelOptions; forward returns when the logits are on
+/// the host.
 #pragma once
 
 #include <cmath>
@@ -23,6 +28,7 @@
 
 #include "qflash/arch/arch.hpp"
 #include "qflash/core/error.hpp"
+#include "qflash/core/memory.hpp"
 #include "qflash/kernels/add_rmsnorm/op.hpp"
 #include "qflash/kernels/embedding/op.hpp"
 #include "qflash/model/cache.hpp"
@@ -46,6 +52,9 @@ struct ModelOptions {
   Routing routing;            ///< token-wise routing (default: the model's top-k)
   /// The LoRA adapter of every sequence that brings none (null: none); runtime/lora.hpp loads them.
   std::shared_ptr<LoraAdapter const> lora;
+  /// Where scratch, batch arrays and new sequences' caches live (null: host memory); a CUDA
+  /// arch's model needs its device's (runtime/cuda/memory.hpp).
+  std::shared_ptr<Memory> memory;
 };
 
 enum class LogitsFor { kAllTokens, kLastToken };
@@ -78,6 +87,13 @@ class Model {
   /// @param storage  keeps the bytes behind `weights` alive (mapped files, quantized buffers)
   Model(ModelConfig cfg, ModelWeights weights, std::shared_ptr<void const> storage, ModelOptions opts = {})
       : cfg_(std::move(cfg)), w_(std::move(weights)), storage_(std::move(storage)), opts_(opts) {
+    if (!opts_.memory) opts_.memory = host_memory();
+    QFLASH_CHECK(opts_.memory->on_device() == Arch::is_cuda, "a ", Arch::name, " model needs ",
+                 Arch::is_cuda ? "a CUDA device's memory (runtime/cuda/memory.hpp)" : "host memory",
+                 " for its working state");
+    scratch_.place_in(opts_.memory.get());
+    batch_.place_in(opts_.memory.get());
+    for (auto* v : {&h_, &xn_, &mix_, &logits_}) *v = MemoryVector<float>(MemoryAllocator<float>(opts_.memory.get()));
     MoeSpec const rt = cfg_.spec(S.kv == KvScheme::kAny ? KvScheme::kBf16 : S.kv, uniform_format(w_));
     QFLASH_CHECK(matches(S, rt), cfg_.source, ": the model ", to_string(rt),
                  " does not match the compiled spec ", to_string(S));
@@ -99,6 +115,8 @@ class Model {
   Model& operator=(Model const&) = delete;
 
   [[nodiscard]] ModelConfig const& config() const { return cfg_; }
+  /// Where the model's working state and new sequences' caches live.
+  [[nodiscard]] std::shared_ptr<Memory> const& memory() const { return opts_.memory; }
   [[nodiscard]] Routing const& routing() const { return opts_.routing; }
   /// Calls `f` from every MoE layer of later forwards (empty: none).
   void set_route_observer(RouteObserver f) { opts_.on_route = std::move(f); }
@@ -115,6 +133,8 @@ class Model {
   [[nodiscard]] LoraAdapter const* lora() const { return opts_.lora.get(); }
   /// Throws Error unless `a` fits this model and this instance can run it.
   void check_lora(LoraAdapter const& a) const {
+    QFLASH_CHECK(!Arch::is_cuda, "LoRA adapters run on the CPU only: their weights are not uploaded to a ",
+                 Arch::name, " device");
     QFLASH_CHECK(S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32,
                  "LoRA adapters need an instance compiled for f32 matrices (weights kAny); this one is ",
                  to_string(S.weights), "-only");
@@ -128,22 +148,26 @@ class Model {
   /// ... with each head as `map` says (empty: every head f32).
   [[nodiscard]] SequenceState new_sequence(kv::KvMap map) const {
     if (map.n_layer() == 0) map = kv::KvMap::uniform(cfg_, {});
-    return SequenceState(cfg_, private_kv_pool(cfg_, std::move(map)));
+    return SequenceState(cfg_, private_kv_pool(cfg_, std::move(map), opts_.memory));
   }
 
   /// Runs the batch's new tokens, advancing each sequence's state, and writes logits
   /// [rows, vocab]: one row per token (kAllTokens) or per sequence (kLastToken).
   void forward(std::span<SequenceChunk const> seqs, LogitsFor which, std::vector<float>& logits,
                HiddenObserver const& observe = {}) {
+    Memory& mem = *opts_.memory;
+    mem.activate();
     layout(seqs);
     stream_t const stream = opts_.stream;
     std::int64_t const d = dim<S.d_model>(cfg_.d_model);
     std::int64_t const T = batch_.n_tokens();
-    float* h = Scratch::sized(h_, T * d);
-    float* xn = Scratch::sized(xn_, T * d);
-    float* mix = Scratch::sized(mix_, T * d);
+    float* h = scratch_.sized(h_, T * d);
+    float* xn = scratch_.sized(xn_, T * d);
+    float* mix = scratch_.sized(mix_, T * d);
     auto seen = [&](int index, float const* rows) {
-      if (observe) observe(index, {rows, static_cast<std::size_t>(T * d)});
+      if (!observe) return;
+      mem.synchronize(stream);  // the observer reads the rows on the host
+      observe(index, {rows, static_cast<std::size_t>(T * d)});
     };
 
     kernels::EmbeddingArgs e{};
@@ -186,19 +210,24 @@ class Model {
     std::int64_t n_rows = T;
     if (which == LogitsFor::kLastToken) {
       for (std::size_t i = 0; i < seqs.size(); ++i)
-        std::copy_n(xn + (batch_.begin[i + 1] - 1) * d, d, mix + static_cast<std::int64_t>(i) * d);
+        mem.copy(mix + static_cast<std::int64_t>(i) * d, xn + (batch_.begin[i + 1] - 1) * d,
+                 static_cast<std::size_t>(d) * sizeof(float), stream);
       rows = mix;
       n_rows = static_cast<std::int64_t>(seqs.size());
     }
     logits.resize(static_cast<std::size_t>(n_rows * cfg_.vocab));
-    project<S, Arch>(w_.lm_head, rows, n_rows, logits.data(), stream, "lm_head");
+    // A device model projects into its memory, then brings the logits to the host.
+    float* const out_logits = Arch::is_cuda ? scratch_.sized(logits_, n_rows * cfg_.vocab) : logits.data();
+    project<S, Arch>(w_.lm_head, rows, n_rows, out_logits, stream, "lm_head");
     for (std::size_t i = 0; i < seqs.size(); ++i)  // adapters that replace lm_head: their rows again
       if (LoraAdapter const* ad = batch_.seq_adapter[i]; ad && ad->lm_head) {
         bool const all = which == LogitsFor::kAllTokens;
         std::int64_t const r0 = all ? batch_.begin[i] : static_cast<std::int64_t>(i);
-        project<S, Arch>(*ad->lm_head, rows + r0 * d, all ? batch_.rows_of(i) : 1, logits.data() + r0 * cfg_.vocab,
+        project<S, Arch>(*ad->lm_head, rows + r0 * d, all ? batch_.rows_of(i) : 1, out_logits + r0 * cfg_.vocab,
                          stream, "lm_head (LoRA modules_to_save)");
       }
+    if (out_logits != logits.data()) mem.copy(logits.data(), out_logits, logits.size() * sizeof(float), stream);
+    mem.synchronize(stream);
     // Garbage in the weights shows here first; the scan costs far less than the lm_head GEMV.
     std::size_t const bad = first_non_finite(logits);
     QFLASH_CHECK(bad == logits.size(), "the logits of batch row ", bad / static_cast<std::size_t>(cfg_.vocab),
@@ -270,6 +299,9 @@ class Model {
     std::int64_t row = 0;
     for (auto const& c : seqs) {
       LoraAdapter const* ad = c.adapter ? c.adapter : opts_.lora.get();
+      if constexpr (Arch::is_cuda)
+        QFLASH_CHECK(!ad, "LoRA adapters run on the CPU only: their weights are not uploaded to a ", Arch::name,
+                     " device");
       batch_.seq_adapter.push_back(ad);
       std::int64_t const n = static_cast<std::int64_t>(c.tokens.size());
       if (ad && !batch_.adapter_runs.empty() && batch_.adapter_runs.back().adapter == ad &&
@@ -307,7 +339,7 @@ class Model {
   // Per-call state, reused across calls.
   Batch batch_;
   Scratch scratch_;
-  std::vector<float> h_, xn_, mix_;
+  MemoryVector<float> h_, xn_, mix_, logits_;
 };
 
 }  // namespace qflash::model

@@ -11,6 +11,7 @@
 
 #include "qflash/core/config.hpp"
 #include "qflash/core/error.hpp"
+#include "qflash/core/memory.hpp"
 #include "qflash/core/status.hpp"
 #include "qflash/kernels/linear/op.hpp"
 #include "qflash/model/cache.hpp"
@@ -34,33 +35,59 @@ struct AdapterRun {
   LoraAdapter const* adapter = nullptr;
 };
 
-/// A ragged batch laid out as rows: sequence i owns rows [begin[i], begin[i + 1]).
+/// A ragged batch laid out as rows: sequence i owns rows [begin[i], begin[i + 1]). What
+/// kernels read (positions, tokens, token_policies) is in the model's Memory.
 struct Batch {
   std::span<SequenceChunk const> seqs;
-  std::vector<std::int64_t> begin;      // [n_seqs + 1]
-  std::vector<std::int64_t> positions;  // [n_tokens]
-  std::vector<std::int32_t> tokens;     // [n_tokens]
-  int route_slots = 0;                   ///< route slots per token (the most experts any token may use)
-  kernels::RoutingPolicy policy;         ///< every token's, unless token_policies is set
-  std::vector<kernels::RoutingPolicy> token_policies;  ///< [n_tokens] when sequences route differently
+  std::vector<std::int64_t> begin;       // [n_seqs + 1]
+  MemoryVector<std::int64_t> positions;  // [n_tokens]
+  MemoryVector<std::int32_t> tokens;     // [n_tokens]
+  int route_slots = 0;                    ///< route slots per token (the most experts any token may use)
+  kernels::RoutingPolicy policy;          ///< every token's, unless token_policies is set
+  MemoryVector<kernels::RoutingPolicy> token_policies;  ///< [n_tokens] when sequences route differently
   std::vector<LoraAdapter const*> seq_adapter;  ///< [n_seqs] each sequence's adapter (null: none)
   std::vector<AdapterRun> adapter_runs;          ///< the rows with an adapter, in runs of one adapter
 
   [[nodiscard]] std::int64_t n_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
   [[nodiscard]] std::int64_t rows_of(std::size_t i) const { return begin[i + 1] - begin[i]; }
+
+  /// Puts the arrays kernels read in `m` (emptied).
+  void place_in(Memory* m) {
+    positions = MemoryVector<std::int64_t>(MemoryAllocator<std::int64_t>(m));
+    tokens = MemoryVector<std::int32_t>(MemoryAllocator<std::int32_t>(m));
+    token_policies = MemoryVector<kernels::RoutingPolicy>(MemoryAllocator<kernels::RoutingPolicy>(m));
+  }
 };
 
-/// Per-call fp32 scratch, reused across calls and layers.
+/// Per-call scratch, reused across calls and layers, in the model's Memory (but for the LoRA
+/// expert tables, which only CPU models read).
 struct Scratch {
-  std::vector<float> proj, q, k, v, o, conv, z, beta, g, router, shared_gate;
-  std::vector<std::int32_t> routes;
-  std::vector<float> route_weights;
-  std::vector<float> lora;  ///< A x of a low-rank update
+  Memory* memory = host_memory().get();
+  MemoryVector<float> proj, q, k, v, o, conv, z, beta, g, router, shared_gate;
+  MemoryVector<std::int32_t> routes;
+  MemoryVector<float> route_weights;
+  MemoryVector<float> lora;  ///< A x of a low-rank update
   std::vector<kernels::ExpertLora> expert_lora;
   std::vector<kernels::ExpertLora const*> token_lora;
 
-  static float* sized(std::vector<float>& v, std::int64_t n) {
-    v.resize(static_cast<std::size_t>(n));
+  /// Puts every buffer in `m` (emptied).
+  void place_in(Memory* m) {
+    memory = m;
+    MemoryAllocator<float> const a(m);
+    for (auto* f : {&proj, &q, &k, &v, &o, &conv, &z, &beta, &g, &router, &shared_gate, &route_weights, &lora})
+      *f = MemoryVector<float>(a);
+    routes = MemoryVector<std::int32_t>(MemoryAllocator<std::int32_t>(m));
+  }
+
+  /// v's data with room for n elements. Buffers only grow, and before one moves the queued
+  /// kernels are waited for: a kernel never sees its buffer freed or rewritten by the host.
+  template <class T>
+  T* sized(MemoryVector<T>& v, std::int64_t n) const {
+    std::size_t const want = static_cast<std::size_t>(n);
+    if (want > v.size()) {
+      if (want > v.capacity()) memory->synchronize(nullptr);
+      v.resize(want);
+    }
     return v.data();
   }
 };
@@ -100,7 +127,7 @@ void project(WeightView const& w, Batch const& b, LoraSite site, float const* x,
     LowRank const& d = run.adapter->layers[site.layer].*site.update;
     if (d.empty()) continue;
     std::int64_t const n = run.end - run.begin;
-    float* t = Scratch::sized(s.lora, n * d.rank());
+    float* t = s.sized(s.lora, n * d.rank());
     project<S, Arch>(d.a, x + run.begin * w.cols, n, t, stream, "lora A");
     project<S, Arch>(d.b, t, n, y + run.begin * w.rows, stream, "lora B", /*accumulate=*/true);
   }

@@ -37,11 +37,11 @@ class GatedAttention {
     bool const gated = cfg_.attn_output_gate;
     int const q_head_stride = gated ? 2 * dh : dh;  // per head [query | gate] when gated
 
-    float* qg = Scratch::sized(s.proj, T * w_.q.rows);
-    float* q = Scratch::sized(s.q, T * q_width);
-    float* k = Scratch::sized(s.k, T * kv_width);
-    float* v = Scratch::sized(s.v, T * kv_width);
-    float* o = Scratch::sized(s.o, T * q_width);
+    float* qg = s.sized(s.proj, T * w_.q.rows);
+    float* q = s.sized(s.q, T * q_width);
+    float* k = s.sized(s.k, T * kv_width);
+    float* v = s.sized(s.v, T * kv_width);
+    float* o = s.sized(s.o, T * q_width);
     project<S, Arch>(w_.q, batch, {layer_, &LoraLayer::q}, x, qg, s, stream, "q_proj");
     project<S, Arch>(w_.k, batch, {layer_, &LoraLayer::k}, x, k, s, stream, "k_proj");
     project<S, Arch>(w_.v, batch, {layer_, &LoraLayer::v}, x, v, s, stream, "v_proj");

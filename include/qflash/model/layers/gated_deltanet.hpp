@@ -42,12 +42,12 @@ class GatedDeltaNet {
     std::int64_t const key_dim = std::int64_t{hk} * dk, value_dim = std::int64_t{hv} * dv;
     std::int64_t const conv_dim = 2 * key_dim + value_dim;
 
-    float* mixed = Scratch::sized(s.proj, T * conv_dim);  // pre-conv q | k | v
-    float* conv = Scratch::sized(s.conv, T * conv_dim);
-    float* z = Scratch::sized(s.z, T * value_dim);
-    float* beta = Scratch::sized(s.beta, T * hv);
-    float* g = Scratch::sized(s.g, T * hv);
-    float* o = Scratch::sized(s.o, T * value_dim);
+    float* mixed = s.sized(s.proj, T * conv_dim);  // pre-conv q | k | v
+    float* conv = s.sized(s.conv, T * conv_dim);
+    float* z = s.sized(s.z, T * value_dim);
+    float* beta = s.sized(s.beta, T * hv);
+    float* g = s.sized(s.g, T * hv);
+    float* o = s.sized(s.o, T * value_dim);
     project<S, Arch>(w_.qkv, batch, {layer_, &LoraLayer::qkv}, x, mixed, s, stream, "in_proj_qkv");
     project<S, Arch>(w_.z, batch, {layer_, &LoraLayer::z}, x, z, s, stream, "in_proj_z");
     project<S, Arch>(w_.b, batch, {layer_, &LoraLayer::b}, x, beta, s, stream, "in_proj_b");

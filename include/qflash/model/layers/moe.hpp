@@ -50,8 +50,8 @@ struct RouteRecord {
     return {row, static_cast<std::size_t>(n)};
   }
 };
-/// Called by each MoE layer after routing; the pointers are the kernels' buffers, so a model
-/// whose Arch keeps them on a device passes it device memory.
+/// Called by each MoE layer after routing, with the kernels' buffers (in the model's Memory;
+/// a device model waits for them first, so the host may read them).
 using RouteObserver = std::function<void(RouteRecord const&)>;
 
 template <MoeSpec S, class Arch>
@@ -69,17 +69,17 @@ class MoeBlock {
     int const k = b.route_slots > 0 ? b.route_slots : dim<S.n_expert_used>(cfg_.n_expert_used);
     std::int64_t const d = dim<S.d_model>(cfg_.d_model);
     bool const shared = w_.shared.has_value();
-    float* logits = Scratch::sized(s.router, T * w_.router.rows);
-    s.routes.resize(static_cast<std::size_t>(T * k));
-    float* weights = Scratch::sized(s.route_weights, T * k);
-    float* shared_gate = Scratch::sized(s.shared_gate, T);
+    float* logits = s.sized(s.router, T * w_.router.rows);
+    std::int32_t* routes = s.sized(s.routes, T * k);
+    float* weights = s.sized(s.route_weights, T * k);
+    float* shared_gate = s.sized(s.shared_gate, T);
 
     project<S, Arch>(w_.router, x, T, logits, stream, "router");
 
     kernels::RouterTopkArgs r{};
     r.logits = logits;
     r.logits_stride = w_.router.rows;
-    r.experts = s.routes.data();
+    r.experts = routes;
     r.weights = weights;
     r.n_tokens = T;
     r.n_expert = n_expert;
@@ -89,15 +89,17 @@ class MoeBlock {
     r.token_policies = b.token_policies.empty() ? nullptr : b.token_policies.data();
     r.shared_weights = shared ? shared_gate : nullptr;
     check_launch(kernels::launch_router_topk<S>(Arch{}, r, stream), "router_topk");
-    if (observer_ && *observer_)
-      (*observer_)(RouteRecord{layer_, T, n_expert, k, logits, w_.router.rows, s.routes.data(), weights});
+    if (observer_ && *observer_) {
+      s.memory->synchronize(stream);  // the observer reads the choices on the host
+      (*observer_)(RouteRecord{layer_, T, n_expert, k, logits, w_.router.rows, routes, weights});
+    }
 
-    if (!accumulate) std::fill_n(out, T * d, 0.0f);
+    if (!accumulate) s.memory->zero(out, static_cast<std::size_t>(T * d) * sizeof(float), stream);
     kernels::ExpertFfnArgs e{};
     e.fused_swiglu = fused_swiglu;
     e.experts = w_.experts;
     e.x = x;
-    e.routes = s.routes.data();
+    e.routes = routes;
     e.route_weights = weights;
     e.out = out;
     e.n_tokens = T;

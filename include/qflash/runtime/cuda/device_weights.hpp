@@ -27,16 +27,12 @@
 #include "qflash/io/progress.hpp"
 #include "qflash/kernels/expert_ffn/stacked.hpp"
 #include "qflash/model/weights.hpp"
+#include "qflash/runtime/cuda/memory.hpp"
 
 namespace qflash::runtime {
 
 using kernels::ExpertWeights;
 using kernels::WeightView;
-
-/// Throws Error naming `what` when a CUDA call failed.
-inline void check_cuda(cudaError_t e, std::string const& what) {
-  QFLASH_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
-}
 
 /// Device memory that holds a model's weights, freed with it, and the staging buffers that
 /// fill it. Not copyable; shared by the views through a shared_ptr.

@@ -1,0 +1,66 @@
+/// @file
+/// A CUDA device's memory for a model's working state (core/memory.hpp): CUDA managed memory,
+/// so the kernels read it on the device and the host may write a batch's token arrays or read
+/// a router's choices between forwards without explicit copies; copies and zeroing go on the
+/// model's stream.
+///
+/// Host code that calls the CUDA runtime API: include it only where CUDA is enabled and link
+/// CUDA::cudart (host-only builds never see it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "qflash/core/error.hpp"
+#include "qflash/core/memory.hpp"
+
+namespace qflash::runtime {
+
+/// Throws Error naming `what` when a CUDA call failed.
+inline void check_cuda(cudaError_t e, std::string const& what) {
+  QFLASH_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
+}
+
+class CudaManagedMemory final : public Memory {
+ public:
+  /// Memory of CUDA device `device`; throws when there is no such device.
+  explicit CudaManagedMemory(int device) : device_(device) {
+    int n = 0;
+    check_cuda(cudaGetDeviceCount(&n), "counting CUDA devices");
+    QFLASH_CHECK(device >= 0 && device < n, "CUDA device ", device, " does not exist (", n, " found)");
+  }
+
+  [[nodiscard]] int device() const { return device_; }
+  [[nodiscard]] bool on_device() const override { return true; }
+  void activate() override { check_cuda(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")"); }
+  void copy(void* dst, void const* src, std::size_t bytes, stream_t stream) override {
+    if (bytes) check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "copying on the device");
+  }
+  void zero(void* dst, std::size_t bytes, stream_t stream) override {
+    if (bytes) check_cuda(cudaMemsetAsync(dst, 0, bytes, stream), "zeroing device memory");
+  }
+  /// The stream's work; with no stream, the device's.
+  void synchronize(stream_t stream) override {
+    check_cuda(stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize(), "waiting for the device");
+  }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t) override {  // cudaMallocManaged aligns to 256
+    activate();
+    void* p = nullptr;
+    check_cuda(cudaMallocManaged(&p, bytes ? bytes : 1),
+               "allocating " + std::to_string(bytes) + " bytes on CUDA device " + std::to_string(device_));
+    return p;
+  }
+  void do_deallocate(void* p, std::size_t, std::size_t) override { cudaFree(p); }
+  [[nodiscard]] bool do_is_equal(std::pmr::memory_resource const& o) const noexcept override { return this == &o; }
+
+  int device_;
+};
+
+inline std::shared_ptr<Memory> cuda_memory(int device) { return std::make_shared<CudaManagedMemory>(device); }
+
+}  // namespace qflash::runtime

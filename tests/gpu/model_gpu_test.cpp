@@ -1,0 +1,177 @@
+// The whole model on CUDA (runtime/cuda/model.hpp) against the transformers fixtures and its
+// CPU twin: logits of whole prompts and of token-by-token decode, the greedy continuation, a
+// ragged batch, the default model in several weight schemes, and what a device model refuses.
+#include "gpu/gpu_main.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qflash/io/safetensors.hpp"
+#include "qflash/model/model.hpp"
+#include "qflash/runtime/cuda/model.hpp"
+#include "qflash/runtime/load_model.hpp"
+#include "qflash/runtime/with_model.hpp"
+#include "support/tolerance.hpp"
+
+using namespace qflash;
+
+namespace {
+
+// fp32 weights and compute on both sides, as the CPU model's fixture test (model_test.cpp):
+// the kernels sum in another order, and the device's expf rounds differently from the host's.
+constexpr double kFixtureTol = 1e-4;
+// The default model's stored or converted weights on both sides: the same products summed in
+// another order, activations of block formats rounded the same way first.
+constexpr double kTwinTol = 1e-3;
+
+std::string const kMicro = std::string(QFLASH_SOURCE_DIR) + "/models/qwen3_5_moe-micro";
+
+runtime::LoadedModel load(std::string const& dir, runtime::WeightScheme w = runtime::WeightScheme::kAuto) {
+  runtime::LoadOptions o;
+  o.weights = w;
+  o.progress = false;
+  return runtime::load_model(dir, o);
+}
+
+/// What a test reads from one model: logits of whole prompts, of token-by-token decode, the
+/// last tokens' logits of a ragged batch, and a greedy continuation.
+struct Run {
+  std::vector<std::vector<float>> full;
+  std::vector<float> incremental, ragged, alone;
+  std::vector<std::int32_t> greedy;
+};
+
+template <class M>
+std::vector<float> forward(M& m, std::span<model::SequenceChunk const> chunks, model::LogitsFor which) {
+  std::vector<float> logits;
+  m.forward(chunks, which, logits);
+  return logits;
+}
+
+template <class M>
+Run run(M& m, std::vector<std::vector<std::int32_t>> const& prompts, int n_greedy) {
+  Run r;
+  for (auto const& p : prompts) {
+    auto s = m.new_sequence();
+    model::SequenceChunk const c{p, &s};
+    r.full.push_back(forward(m, std::span(&c, 1), model::LogitsFor::kAllTokens));
+  }
+  {  // the last prompt a token at a time: the decode kernels on growing caches
+    auto s = m.new_sequence();
+    for (std::int32_t id : prompts.back()) {
+      model::SequenceChunk const c{std::span(&id, 1), &s};
+      auto const step = forward(m, std::span(&c, 1), model::LogitsFor::kAllTokens);
+      r.incremental.insert(r.incremental.end(), step.begin(), step.end());
+    }
+  }
+  {  // every prompt in one batch, and each prompt's last logits alone
+    std::vector<model::SequenceState> states;
+    for (std::size_t i = 0; i < prompts.size(); ++i) states.push_back(m.new_sequence());
+    std::vector<model::SequenceChunk> chunks;
+    for (std::size_t i = 0; i < prompts.size(); ++i) chunks.push_back({prompts[i], &states[i]});
+    r.ragged = forward(m, chunks, model::LogitsFor::kLastToken);
+    for (auto const& p : prompts) {
+      auto s = m.new_sequence();
+      model::SequenceChunk const c{p, &s};
+      auto const last = forward(m, std::span(&c, 1), model::LogitsFor::kLastToken);
+      r.alone.insert(r.alone.end(), last.begin(), last.end());
+    }
+  }
+  auto s = m.new_sequence();
+  std::vector<std::int32_t> next = prompts.front();
+  for (int i = 0; i < n_greedy; ++i) {
+    model::SequenceChunk const c{next, &s};
+    auto const logits = forward(m, std::span(&c, 1), model::LogitsFor::kLastToken);
+    std::int32_t const tok = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    r.greedy.push_back(tok);
+    next = {tok};
+  }
+  return r;
+}
+
+Run on_cpu(runtime::LoadedModel m, std::vector<std::vector<std::int32_t>> const& prompts, int n_greedy) {
+  Run r;
+  runtime::with_model(std::move(m), {}, [&](auto& model) { r = run(model, prompts, n_greedy); });
+  return r;
+}
+
+Run on_gpu(runtime::LoadedModel m, std::vector<std::vector<std::int32_t>> const& prompts, int n_greedy) {
+  Run r;
+  runtime::with_cuda_model(std::move(m), 0, {}, false, [&](auto& model) { r = run(model, prompts, n_greedy); });
+  return r;
+}
+
+void check_twins(Run const& gpu, Run const& cpu, double tol) {
+  for (std::size_t i = 0; i < gpu.full.size(); ++i) {
+    double const d = test::max_abs_diff(gpu.full[i], cpu.full[i]);
+    MESSAGE("prompt ", i, ": max |dlogit| GPU vs CPU = ", d);
+    CHECK(d <= tol);
+  }
+  double const inc = test::max_abs_diff(gpu.incremental, cpu.incremental);
+  MESSAGE("token by token: max |dlogit| GPU vs CPU = ", inc);
+  CHECK(inc <= tol);
+  CHECK(test::max_abs_diff(gpu.ragged, gpu.alone) <= tol);
+  CHECK(test::max_abs_diff(gpu.ragged, cpu.ragged) <= tol);
+  CHECK(gpu.greedy == cpu.greedy);
+}
+
+}  // namespace
+
+TEST_CASE("model on CUDA: the transformers fixtures and the CPU twin") {
+  for (std::string name : {"qwen3_5_moe_tiny", "qwen3_moe_tiny"}) {
+    CAPTURE(name);
+    std::string const dir = std::string(QFLASH_FIXTURES_DIR) + "/" + name;
+    auto const ref = nlohmann::json::parse(std::ifstream(dir + "/reference.json"));
+    io::SafetensorsFile const tensors(dir + "/reference.safetensors");
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (auto const& p : ref["prompts"]) prompts.push_back(p.get<std::vector<std::int32_t>>());
+    int const pi = ref["greedy"]["prompt_index"].get<int>();
+    std::swap(prompts[0], prompts[static_cast<std::size_t>(pi)]);  // greedy continues prompts[0]
+    auto const want_greedy = ref["greedy"]["new_tokens"].get<std::vector<std::int32_t>>();
+
+    Run const gpu = on_gpu(load(dir), prompts, static_cast<int>(want_greedy.size()));
+    Run const cpu = on_cpu(load(dir), prompts, static_cast<int>(want_greedy.size()));
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      std::size_t const orig = i == 0 ? static_cast<std::size_t>(pi) : i == static_cast<std::size_t>(pi) ? 0 : i;
+      auto const* t = tensors.find("logits." + std::to_string(orig));
+      REQUIRE(t);
+      double const d = test::max_abs_diff(gpu.full[i], io::read_f32(*t));
+      MESSAGE(name, " prompt ", orig, ": max |dlogit| GPU vs transformers = ", d);
+      CHECK(d <= kFixtureTol);
+    }
+    CHECK(gpu.greedy == want_greedy);
+    check_twins(gpu, cpu, kFixtureTol);
+  }
+}
+
+TEST_CASE("model on CUDA: the default model in every weight scheme equals the CPU's") {
+  std::vector<std::vector<std::int32_t>> const prompts = {
+      {1, 17, 402, 33, 9, 1021, 77, 5, 300, 12, 64, 8, 911, 2, 45, 160, 7},
+      {3, 99, 14},
+      {250, 251, 252, 253, 254, 255, 256, 257, 258, 259, 260, 261, 262, 263, 264, 265, 266, 267, 268, 269, 270,
+       271, 272, 273, 274, 275, 276, 277, 278, 279, 280, 281, 282, 283, 284, 285, 286, 287, 288, 289}};
+  for (auto const& [w, name] : runtime::kWeightSchemes) {
+    CAPTURE(name);
+    Run const gpu = on_gpu(load(kMicro, w), prompts, 24);
+    Run const cpu = on_cpu(load(kMicro, w), prompts, 24);
+    check_twins(gpu, cpu, kTwinTol);
+  }
+}
+
+TEST_CASE("model on CUDA: refused with a clear error") {
+  SUBCASE("a LoRA adapter") {
+    runtime::with_cuda_model(load(kMicro), 0, {}, false, [&](auto& model) {
+      model::LoraAdapter ad;
+      CHECK_THROWS_WITH_AS(model.check_lora(ad), doctest::Contains("LoRA adapters run on the CPU only"), Error);
+    });
+  }
+  SUBCASE("a device that does not exist") {
+    CHECK_THROWS_WITH_AS(runtime::with_cuda_model(load(kMicro), 4096, {}, false, [](auto&) {}),
+                         doctest::Contains("CUDA device 4096"), Error);
+  }
+}

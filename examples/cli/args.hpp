@@ -158,11 +158,24 @@ inline void refuse_foreign_flags(std::span<char* const> args) {
   }
 }
 
+/// Whether this build has the model's CUDA instances (--device cuda).
+#ifndef QFLASH_CLI_CUDA
+#define QFLASH_CLI_CUDA 0
+#endif
+
 /// The CUDA device index --device names ("cuda": 0, "cuda:N": N), or nullopt for "cpu".
 inline std::optional<int> cuda_device(std::string const& device) {
   if (device == "cpu") return std::nullopt;
   if (device == "cuda") return 0;
   return std::stoi(device.substr(5));  // device_validator accepted "cuda:N"
+}
+
+/// Throws UsageError when --device names a CUDA device and this build has no CUDA.
+inline void check_cuda_build(std::string const& device) {
+  if (cuda_device(device) && !QFLASH_CLI_CUDA)
+    throw UsageError("--device " + device +
+                     ": this build has no CUDA kernels (configure with -DQFLASH_ENABLE_CUDA=ON where a CUDA toolkit "
+                     "is installed)");
 }
 
 /// --device's values: cpu, cuda, cuda:N with N a device index.

@@ -41,6 +41,10 @@
 #include "qflash/runtime/synthetic.hpp"
 #include "qflash/runtime/weight_plan.hpp"
 #include "qflash/runtime/with_model.hpp"
+#if QFLASH_CLI_CUDA
+#include "qflash/runtime/cuda/bandwidth.hpp"
+#include "qflash/runtime/cuda/model.hpp"
+#endif
 
 extern char** environ;
 
@@ -51,6 +55,7 @@ struct BenchOptions {
   std::string synthetic;  ///< a preset name (runtime::kSyntheticPresets)
   int layers = 0, vocab = 0;
   std::string weights = "auto";
+  std::string device = "cpu";
   std::vector<int> n_prompt{512}, n_gen{128}, n_depth{0}, threads;
   KvOptions kv;
   std::string routing;  ///< --routing text; empty: top-k
@@ -98,6 +103,12 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->check(integer_in(0))
       ->capture_default_str();
   add_kv_options(cmd, o.kv);
+  cmd->add_option("--device", o.device,
+                  std::string("cpu, or cuda[:N]: the model on CUDA device N (default 0), decode against the device's "
+                              "copy bandwidth; this build: ") +
+                      (QFLASH_CLI_CUDA ? "cpu and cuda" : "cpu only"))
+      ->check(device_validator())
+      ->capture_default_str();
   cmd->add_option("--routing", o.routing,
                   "experts per token (see 'qflash run --help'); the roofline still counts the model's top-k");
   cmd->add_option("-t,--threads", o.threads, "thread counts to bench, e.g. 1,2 (default: one per physical core)")
@@ -119,7 +130,8 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       "routed experts at the layer's mean expert size, the shared expert, lm_head and one embedding row, plus the KV "
       "a decode step reads at the test's mean context (depth + (n+1)/2) in the --kv formats; DeltaNet state reads (and "
       "norm vectors) are not counted. "
-      "bandwidth_gbs is the read bandwidth measured in the same run with the same threads; roofline_fraction = "
+      "bandwidth_gbs is the read bandwidth measured in the same run with the same threads (--device cuda: the "
+      "device's copy bandwidth, bytes read + written, as bandwidthTest); roofline_fraction = "
       "decode_tok_s x bytes_per_token / bandwidth. peak_rss_bytes excludes the bandwidth probe's buffer.");
 }
 
@@ -215,6 +227,7 @@ struct Row {
 /// What every row shares.
 struct Context {
   std::string model, format, kv, routing = "top_k";
+  std::string device = "cpu";  ///< "cpu", or "cuda:N" and the device's name
   int n_layer = 0, vocab = 0, repetitions = 0;
   std::int64_t model_bytes = 0, bytes_per_token = 0;  ///< weights a decoded token reads
   std::int64_t kv_bytes_per_position = 0;              ///< K and V of every layer, one position
@@ -236,6 +249,7 @@ inline nlohmann::ordered_json to_json(Context const& c, Row const& r) {
   j["model_bytes"] = c.model_bytes;
   j["kv"] = c.kv;
   j["routing"] = c.routing;
+  j["device"] = c.device;
   j["threads"] = r.threads;
   j["cpu_isa"] = arch::to_string(arch::cpu_isa());
   j["test"] = r.test;
@@ -373,6 +387,10 @@ inline int cmd_bench(BenchOptions o) {
     throw UsageError("--layers: only for --synthetic (a model from disk has its own layers)");
   if (!synthetic && o.vocab_flag->count() > 0)
     throw UsageError("--vocab: only for --synthetic (a model from disk has its own vocabulary)");
+  check_cuda_build(o.device);
+  std::optional<int> const device = cuda_device(o.device);
+  if (device && o.threads.size() > 1)
+    throw UsageError("-t: one thread count with --device " + o.device + " (the host threads only feed the device)");
   std::erase(o.n_prompt, 0);
   std::erase(o.n_gen, 0);
   if (o.n_prompt.empty() && o.n_gen.empty()) throw UsageError("-p and -n are all 0: no test to run");
@@ -435,6 +453,9 @@ inline int cmd_bench(BenchOptions o) {
     }
   set_max_threads(*std::max_element(o.threads.begin(), o.threads.end()));  // for loading
 
+#if QFLASH_CLI_CUDA
+  if (device) (void)runtime::cuda_arch_for(*device);  // no usable device: said before the weights are made
+#endif
   runtime::WeightScheme const scheme = runtime::parse_weight_scheme(o.weights);
   auto const t_load = std::chrono::steady_clock::now();
   runtime::LoadedModel loaded;
@@ -448,7 +469,7 @@ inline int cmd_bench(BenchOptions o) {
     loaded = runtime::load_model(o.model, lo);
   }
   Context ctx;
-  ctx.model = model_label(o, cfg);
+  ctx.model = model_label(o, cfg) + (device ? " on " + o.device : std::string());
   ctx.format = format_label(loaded);
   kv::KvMap const kv = resolve_kv(o.kv, cfg, synthetic ? std::string() : o.model);
   ctx.kv = describe_kv(kv);
@@ -490,21 +511,37 @@ inline int cmd_bench(BenchOptions o) {
       print_table_row(ctx, r);
     }
   };
-  runtime::with_model(std::move(loaded), model_opts, [&](auto& m) {
+  /// The bandwidth decode is put against: the CPU's read bandwidth with t threads, or the
+  /// device's copy bandwidth.
+  auto measure_bandwidth = [&](int t) -> double {
+#if QFLASH_CLI_CUDA
+    if (device) {
+      runtime::DeviceBandwidth const bw = runtime::measure_device_bandwidth(*device);
+      ctx.device = o.device + " " + bw.device;
+      std::fprintf(stderr, "bench: %s copy bandwidth %.1f GB/s (read + written, %s buffers)\n", bw.device.c_str(),
+                   bw.gbs, human_bytes(static_cast<double>(bw.buffer_bytes)).c_str());
+      return bw.gbs;
+    }
+#endif
+    set_max_threads(t);
+    peak.before_probe();
+    runtime::ReadBandwidth const bw = runtime::measure_read_bandwidth();
+    peak.after_probe(bw.buffer_bytes);
+    std::fprintf(stderr, "bench: read bandwidth %.1f GB/s (%s, %s loads over %s)\n", bw.gbs,
+                 count_of(bw.threads, "thread").c_str(), std::string(arch::to_string(bw.isa)).c_str(),
+                 human_bytes(static_cast<double>(bw.buffer_bytes)).c_str());
+    return bw.gbs;
+  };
+  auto bench_model = [&](auto& m) {
     std::vector<float> logits;
     for (int t : o.threads) {
       set_max_threads(t);
-      peak.before_probe();
-      runtime::ReadBandwidth const bw = runtime::measure_read_bandwidth();
-      peak.after_probe(bw.buffer_bytes);
-      std::fprintf(stderr, "bench: read bandwidth %.1f GB/s (%s, %s loads over %s)\n", bw.gbs,
-                   count_of(bw.threads, "thread").c_str(), std::string(arch::to_string(bw.isa)).c_str(),
-                   human_bytes(static_cast<double>(bw.buffer_bytes)).c_str());
+      double const gbs = measure_bandwidth(t);
       auto run_test = [&](std::string name, int n_prompt, int n_gen, int depth) {
         if (depth > 0) name += " @ d" + std::to_string(depth);
         std::fprintf(stderr, "bench: %s, %s: warm-up and %s\n", name.c_str(), count_of(t, "thread").c_str(),
                      count_of(o.repetitions, "run").c_str());
-        Row r{name, t, n_prompt, n_gen, depth, {}, bw.gbs, 0};
+        Row r{name, t, n_prompt, n_gen, depth, {}, gbs, 0};
         int const n = n_prompt > 0 ? n_prompt : n_gen;
         auto const context = random_tokens(rng, depth, cfg.vocab);
         auto once = [&](int tokens) {
@@ -522,7 +559,15 @@ inline int cmd_bench(BenchOptions o) {
         for (int n : o.n_gen) run_test("tg" + std::to_string(n), 0, n, d);
       }
     }
-  });
+  };
+#if QFLASH_CLI_CUDA
+  if (device) {
+    runtime::with_cuda_model(std::move(loaded), *device, model_opts, ::isatty(2) != 0, bench_model);
+  } else
+#endif
+  {
+    runtime::with_model(std::move(loaded), model_opts, bench_model);
+  }
 
   if (!o.plot.empty()) {
     fs::path const jsonl = fs::temp_directory_path() / ("qflash-bench-" + std::to_string(::getpid()) + ".jsonl");

@@ -46,9 +46,6 @@
 #include "qflash/runtime/cuda/model.hpp"
 #endif
 
-#ifndef QFLASH_CLI_CUDA
-#define QFLASH_CLI_CUDA 0
-#endif
 #ifndef QFLASH_VERSION
 #define QFLASH_VERSION "unknown"
 #endif
@@ -86,7 +83,7 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
       ->capture_default_str();
   cmd->add_option("--device", o.device,
                   std::string("where the model runs: cpu, or cuda[:N] (CUDA device N, default 0) for run, logits, "
-                              "perplexity, calibrate and route-stats; this build: ") +
+                              "perplexity, calibrate, route-stats and bench; this build: ") +
                       (QFLASH_CLI_CUDA ? "cpu and cuda" : "cpu only"))
       ->check(cli::device_validator())
       ->capture_default_str();
@@ -162,10 +159,7 @@ void require_weights(std::string const& model) {
 /// or `command` cannot use.
 void check_device(CommonOptions const& o, std::string const& command) {
   if (!cli::cuda_device(o.device)) return;
-  if (!QFLASH_CLI_CUDA)
-    throw UsageError("--device " + o.device +
-                     ": this build has no CUDA kernels (configure with -DQFLASH_ENABLE_CUDA=ON where a CUDA toolkit "
-                     "is installed)");
+  cli::check_cuda_build(o.device);
   if (command == "serve" || command == "chat")
     throw UsageError("--device " + o.device + ": '" + command + "' runs on the CPU only for now (--device cpu)");
   if (!o.lora.specs.empty())

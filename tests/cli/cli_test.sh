@@ -419,10 +419,27 @@ PY
       run run --model "$tiny" -n 2 --device cuda:4096
       expect_rc 1
       expect_err "error: (no CUDA device is available|CUDA device 4096 does not exist)"
+      run bench --synthetic qwen3_6_35b_a3b --layers 1 --vocab 64 -p 4 -n 2 -r 1 --device cuda -t 1,2
+      expect_rc 2
+      expect_err "error: -t: one thread count with --device cuda"
+      run bench --synthetic qwen3_6_35b_a3b --layers 1 --vocab 64 -p 4 -n 2 -r 1 --device cuda --json
+      if [[ $(cat "$tmp/rc") == 0 ]]; then
+        expect_out '"device":"cuda [^"]+".*"roofline_fraction":[0-9.]+'
+      else
+        expect_rc 1
+        expect_err "error: (no CUDA device is available|CUDA device 0 .*runs none of the compiled archs)"
+        grep -q "generated" "$tmp/err" && fail "bench made the weights before checking the device"
+      fi
     else
       expect_rc 2
       expect_err "error: --device cuda:0: this build has no CUDA kernels \(configure with -DQFLASH_ENABLE_CUDA=ON"
+      run bench --synthetic qwen3_6_35b_a3b --layers 1 --vocab 64 -p 4 -n 2 -r 1 --device cuda
+      expect_rc 2
+      expect_err "error: --device cuda: this build has no CUDA kernels"
     fi
+    run bench --model "$tiny" -p 4 -n 2 -r 1 --json --device cpu
+    expect_rc 0
+    expect_out '"device":"cpu"' 
     ;;
   threads)  # more threads than CPUs: reduced to the CPUs, with a warning
     run run --model "$tiny" -n 2 -t 100000

@@ -56,7 +56,7 @@ struct BenchOptions {
   int layers = 0, vocab = 0;
   std::string weights = "auto";
   std::string device = "cpu";
-  std::vector<int> n_prompt{512}, n_gen{128}, n_depth{0}, threads;
+  std::vector<int> n_prompt{512}, n_gen{128}, n_depth{0}, batch{1}, threads;
   KvOptions kv;
   std::string routing;  ///< --routing text; empty: top-k
   int repetitions = 5;
@@ -102,6 +102,12 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->delimiter(',')
       ->check(integer_in(0))
       ->capture_default_str();
+  cmd->add_option("-b,--batch", o.batch,
+                  "sequences run together, e.g. 1,4,16: pp<P> b<B> is one forward of B prompts, tg<N> b<B> N steps of "
+                  "B tokens (tok/s counts every sequence's tokens)")
+      ->delimiter(',')
+      ->check(integer_in(1, 4096))
+      ->capture_default_str();
   add_kv_options(cmd, o.kv);
   cmd->add_option("--device", o.device,
                   std::string("cpu, or cuda[:N]: the model on CUDA device N (default 0), decode against the device's "
@@ -129,7 +135,8 @@ inline void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       "weight matrices a decoded token reads: attention / Gated DeltaNet projections, the router, n_expert_used "
       "routed experts at the layer's mean expert size, the shared expert, lm_head and one embedding row, plus the KV "
       "a decode step reads at the test's mean context (depth + (n+1)/2) in the --kv formats; DeltaNet state reads (and "
-      "norm vectors) are not counted. "
+      "norm vectors) are not counted; with -b above 1 the experts a step reads depend on the routing, so no roofline is "
+      "given. "
       "bandwidth_gbs is the read bandwidth measured in the same run with the same threads (--device cuda: the "
       "device's copy bandwidth, bytes read + written, as bandwidthTest); roofline_fraction = "
       "decode_tok_s x bytes_per_token / bandwidth. peak_rss_bytes excludes the bandwidth probe's buffer.");
@@ -218,7 +225,7 @@ class PeakRss {
 /// One test's result: the row of the table and the JSON object.
 struct Row {
   std::string test;
-  int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;
+  int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0, batch = 1;
   std::vector<double> samples;  // tok/s of each repetition
   double bandwidth_gbs = 0;
   std::int64_t peak_rss = 0;
@@ -256,6 +263,7 @@ inline nlohmann::ordered_json to_json(Context const& c, Row const& r) {
   j["n_prompt"] = r.n_prompt;
   j["n_gen"] = r.n_gen;
   j["n_depth"] = r.n_depth;
+  j["batch"] = r.batch;
   j["repetitions"] = c.repetitions;
   j["prefill_tok_s"] = decode ? nlohmann::ordered_json() : nlohmann::ordered_json(s.mean);
   j["decode_tok_s"] = decode ? nlohmann::ordered_json(s.mean) : nlohmann::ordered_json();
@@ -264,7 +272,7 @@ inline nlohmann::ordered_json to_json(Context const& c, Row const& r) {
   j["bytes_per_token"] = c.bytes_read(r);
   j["bandwidth_gbs"] = r.bandwidth_gbs;
   j["roofline_fraction"] =
-      decode ? nlohmann::ordered_json(runtime::roofline_fraction(s.mean, c.bytes_read(r), r.bandwidth_gbs))
+      decode && r.batch == 1 ? nlohmann::ordered_json(runtime::roofline_fraction(s.mean, c.bytes_read(r), r.bandwidth_gbs))
              : nlohmann::ordered_json();
   j["peak_rss_bytes"] = r.peak_rss;
   return j;
@@ -282,7 +290,7 @@ inline void print_table_row(Context const& c, Row const& r) {
   Stats const s = stats_of(r.samples);
   char tps[48], roof[16] = "-";
   std::snprintf(tps, sizeof tps, "%.2f ± %.2f", s.mean, s.stddev);
-  if (r.n_gen > 0) std::snprintf(roof, sizeof roof, "%.2f", runtime::roofline_fraction(s.mean, c.bytes_read(r), r.bandwidth_gbs));
+  if (r.n_gen > 0 && r.batch == 1) std::snprintf(roof, sizeof roof, "%.2f", runtime::roofline_fraction(s.mean, c.bytes_read(r), r.bandwidth_gbs));
   // "±" is two bytes: one more column of padding keeps the table aligned.
   std::printf("| %-36s | %-14s | %10s | %7d | %7s | %21s | %11s | %9.1f | %8s | %10s |\n", c.model.c_str(),
               c.format.c_str(), human_bytes(static_cast<double>(c.model_bytes)).c_str(), r.threads, r.test.c_str(),
@@ -340,28 +348,37 @@ model::SequenceState filled_sequence(Model& m, kv::KvMap const& kv, std::vector<
   return state;
 }
 
-/// tok/s of one prefill: a forward of `tokens` on `state`, logits of the last token.
+/// tok/s of one prefill: a forward of every sequence's `tokens[i]` on `states[i]` at once,
+/// logits of each last token.
 template <class Model>
-double time_prefill(Model& m, model::SequenceState& state, std::vector<std::int32_t> const& tokens,
-                    std::vector<float>& logits) {
-  model::SequenceChunk const chunk{tokens, &state};
+double time_prefill(Model& m, std::vector<model::SequenceState>& states,
+                    std::vector<std::vector<std::int32_t>> const& tokens, std::vector<float>& logits) {
+  std::vector<model::SequenceChunk> chunks;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    chunks.push_back({tokens[i], &states[i]});
+    n += tokens[i].size();
+  }
   auto const t0 = std::chrono::steady_clock::now();
-  m.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  m.forward(chunks, model::LogitsFor::kLastToken, logits);
   double const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return static_cast<double>(tokens.size()) / secs;
+  return static_cast<double>(n) / secs;
 }
 
-/// tok/s of decoding: one single-token step per id of `tokens` on `state`.
+/// tok/s of decoding: step j runs token j of every sequence's `tokens[i]` on `states[i]`, all
+/// sequences in one forward.
 template <class Model>
-double time_decode(Model& m, model::SequenceState& state, std::vector<std::int32_t> const& tokens,
-                   std::vector<float>& logits) {
+double time_decode(Model& m, std::vector<model::SequenceState>& states,
+                   std::vector<std::vector<std::int32_t>> const& tokens, std::vector<float>& logits) {
+  std::vector<model::SequenceChunk> chunks(states.size());
+  std::size_t const steps = tokens.front().size();
   auto const t0 = std::chrono::steady_clock::now();
-  for (std::int32_t id : tokens) {
-    model::SequenceChunk const chunk{std::span(&id, 1), &state};
-    m.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  for (std::size_t j = 0; j < steps; ++j) {
+    for (std::size_t i = 0; i < states.size(); ++i) chunks[i] = {std::span(&tokens[i][j], 1), &states[i]};
+    m.forward(chunks, model::LogitsFor::kLastToken, logits);
   }
   double const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return static_cast<double>(tokens.size()) / secs;
+  return static_cast<double>(steps * states.size()) / secs;
 }
 
 /// The model's name in the table: the synthetic preset and its cut, or the path's last part.
@@ -537,27 +554,33 @@ inline int cmd_bench(BenchOptions o) {
     for (int t : o.threads) {
       set_max_threads(t);
       double const gbs = measure_bandwidth(t);
-      auto run_test = [&](std::string name, int n_prompt, int n_gen, int depth) {
+      auto run_test = [&](std::string name, int n_prompt, int n_gen, int depth, int batch) {
+        if (batch > 1) name += " b" + std::to_string(batch);
         if (depth > 0) name += " @ d" + std::to_string(depth);
         std::fprintf(stderr, "bench: %s, %s: warm-up and %s\n", name.c_str(), count_of(t, "thread").c_str(),
                      count_of(o.repetitions, "run").c_str());
-        Row r{name, t, n_prompt, n_gen, depth, {}, gbs, 0};
+        Row r{name, t, n_prompt, n_gen, depth, batch, {}, gbs, 0};
         int const n = n_prompt > 0 ? n_prompt : n_gen;
         auto const context = random_tokens(rng, depth, cfg.vocab);
         auto once = [&](int tokens) {
-          auto const ids = random_tokens(rng, tokens, cfg.vocab);
-          auto state = filled_sequence(m, kv, context, tokens, logits);
-          return n_prompt > 0 ? time_prefill(m, state, ids, logits) : time_decode(m, state, ids, logits);
+          std::vector<std::vector<std::int32_t>> ids;
+          std::vector<model::SequenceState> states;
+          for (int i = 0; i < batch; ++i) {
+            ids.push_back(random_tokens(rng, tokens, cfg.vocab));
+            states.push_back(filled_sequence(m, kv, context, tokens, logits));
+          }
+          return n_prompt > 0 ? time_prefill(m, states, ids, logits) : time_decode(m, states, ids, logits);
         };
         (void)once(n_prompt > 0 ? n : 1);  // warm-up: llama-bench's (the whole prompt; one decode step)
         for (int i = 0; i < o.repetitions; ++i) r.samples.push_back(once(n));
         r.peak_rss = peak.bytes();
         emit(r);
       };
-      for (int d : o.n_depth) {
-        for (int p : o.n_prompt) run_test("pp" + std::to_string(p), p, 0, d);
-        for (int n : o.n_gen) run_test("tg" + std::to_string(n), 0, n, d);
-      }
+      for (int d : o.n_depth)
+        for (int b : o.batch) {
+          for (int p : o.n_prompt) run_test("pp" + std::to_string(p), p, 0, d, b);
+          for (int n : o.n_gen) run_test("tg" + std::to_string(n), 0, n, d, b);
+        }
     }
   };
 #if QFLASH_CLI_CUDA

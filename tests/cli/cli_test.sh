@@ -522,6 +522,18 @@ PY
     expect_out "^\| qwen3_5_moe-micro +\| bf16 +\| .* \| +1 \| +pp8 \| +[0-9.]+ ± [0-9.]+ \| .* \| +- \|"
     expect_out "^\| qwen3_5_moe-micro +\| bf16 +\| .* \| +1 \| +tg2 \| +[0-9.]+ ± [0-9.]+ \| .* \| +[0-9.]+ \|"
     [[ $(grep -c '^| qwen3_5_moe-micro' "$tmp/out") == 3 ]] || fail "expected 3 rows"
+    run bench -p 8 -n 4 -r 1 -t 1 -b 1,3 --json  # batches: every sequence's tokens counted
+    expect_rc 0
+    python3 - "$tmp/out" <<'PY' || fail "bad JSON lines for -b"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [(r["test"], r["batch"]) for r in rows] == [("pp8", 1), ("tg4", 1), ("pp8 b3", 3), ("tg4 b3", 3)], rows
+assert rows[1]["roofline_fraction"] > 0 and rows[3]["roofline_fraction"] is None, rows
+assert rows[2]["prefill_tok_s"] > 0 and rows[3]["decode_tok_s"] > 0, rows
+PY
+    run bench -p 8 -n 0 -b 0
+    expect_rc 2
+    expect_err "error: --batch: must be an integer in \[1, 4096\]"
     ;;
   bench_synthetic)  # a preset's real shapes built in memory: 1 layer (full attention), q4_k
     run bench --synthetic qwen3_6_35b_a3b --layers 1 --vocab 1024 --weights q4_k -p 8 -n 4 -r 1 -t 1 --json

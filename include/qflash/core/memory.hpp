@@ -55,8 +55,8 @@ class HostMemory final : public Memory {
   void* do_allocate(std::size_t bytes, std::size_t alignment) override {
     return ::operator new(bytes, align(alignment));
   }
-  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) override {
-    ::operator delete(p, bytes, align(alignment));
+  void do_deallocate(void* p, std::size_t, std::size_t alignment) override {
+    ::operator delete(p, align(alignment));  // unsized: clang declares sized delete only on request
   }
   [[nodiscard]] bool do_is_equal(std::pmr::memory_resource const& o) const noexcept override {
     return dynamic_cast<HostMemory const*>(&o) != nullptr;

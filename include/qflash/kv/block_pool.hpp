@@ -254,6 +254,7 @@ class KvBlockPool {
   /// let SIMD readers load a whole word at a vector's last bytes. The new memory is left
   /// untouched (so unused room costs no resident memory) except by kUpFront, which commits it.
   void grow(std::int64_t blocks, bool commit = false) {
+    std::vector<Arena> old;  // freed once the copies out of them are done
     for (std::size_t l = 0; l < arenas_.size(); ++l) {
       if (!layout_.holds_kv(l)) continue;
       std::size_t const bytes = static_cast<std::size_t>(blocks * layout_.layer_block_bytes(l) + 8);
@@ -262,7 +263,7 @@ class KvBlockPool {
         memory_->copy(arena.get(), arenas_[l].get(), static_cast<std::size_t>(next_ * layout_.layer_block_bytes(l)),
                       nullptr);
       if (commit) memory_->zero(arena.get(), bytes, nullptr);
-      arenas_[l] = std::move(arena);
+      old.push_back(std::exchange(arenas_[l], std::move(arena)));
     }
     memory_->synchronize(nullptr);
     allocated_ = blocks;

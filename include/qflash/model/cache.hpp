@@ -72,9 +72,9 @@ class SequenceState {
       release_blocks();
       n_past_ = o.n_past_;
       max_positions_ = o.max_positions_;
-      pool_ = std::move(o.pool_);
-      blocks_ = std::move(o.blocks_);
+      blocks_ = std::move(o.blocks_);  // the old buffers go back to the memory pool_ still keeps
       linear_ = std::move(o.linear_);
+      pool_ = std::move(o.pool_);
     }
     return *this;
   }
@@ -105,6 +105,7 @@ class SequenceState {
   void reset() {
     n_past_ = 0;
     release_blocks();
+    if (!pool_) return;  // moved from
     Memory& m = *pool_->memory();
     for_each_linear(*this, [&](float* v, std::size_t count) { m.zero(v, count * sizeof(float), nullptr); });
     m.synchronize(nullptr);

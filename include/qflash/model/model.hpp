@@ -157,6 +157,8 @@ class Model {
                HiddenObserver const& observe = {}) {
     Memory& mem = *opts_.memory;
     mem.activate();
+    // Work a failed forward left queued must not race the host's writes below (free otherwise).
+    if constexpr (Arch::is_cuda) mem.synchronize(opts_.stream);
     layout(seqs);
     stream_t const stream = opts_.stream;
     std::int64_t const d = dim<S.d_model>(cfg_.d_model);
@@ -250,6 +252,13 @@ class Model {
     layout_adapters(seqs);
     for (auto const& c : seqs) {
       QFLASH_CHECK(c.state, "forward: a batch entry has no sequence state");
+      if constexpr (Arch::is_cuda)
+        QFLASH_CHECK(c.state->pool().memory() == opts_.memory, "forward: a sequence's KV pool is not in this ",
+                     Arch::name, " model's device memory (make sequences with the model's new_sequence, or pools "
+                     "with its memory())");
+      else
+        QFLASH_CHECK(!c.state->pool().memory()->on_device(),
+                     "forward: a sequence's KV pool is in a device's memory; this model runs on the CPU");
       QFLASH_CHECK(!c.tokens.empty(), "forward: a batch entry has no tokens");
       QFLASH_CHECK(c.state->n_past() + static_cast<std::int64_t>(c.tokens.size()) <= c.state->max_positions(),
                    "sequence of ", c.state->n_past() + c.tokens.size(),

@@ -107,7 +107,8 @@ class BatchEngine final : public Engine {
     std::int64_t const blocks = (budget - snapshot_bytes) / per_block;
     QFLASH_CHECK(blocks >= 1, "the KV cache budget of ", budget, " bytes holds no block of ", per_block,
                  " bytes; give it more memory");
-    pool_ = std::make_shared<kv::KvBlockPool>(std::move(layout), blocks, kv::KvBlockPool::Allocation::kOnDemand);
+    pool_ = std::make_shared<kv::KvBlockPool>(std::move(layout), blocks, kv::KvBlockPool::Allocation::kOnDemand,
+                                              model_->memory());
     if (opts_.prefix.enabled) {
       kv::PrefixCache::Options co;
       co.eviction = opts_.prefix.eviction;

@@ -79,13 +79,14 @@ struct Scratch {
     routes = MemoryVector<std::int32_t>(MemoryAllocator<std::int32_t>(m));
   }
 
-  /// v's data with room for n elements. Buffers only grow, and before one moves the queued
-  /// kernels are waited for: a kernel never sees its buffer freed or rewritten by the host.
+  /// v's data with room for n elements. Buffers only grow, and the queued kernels are waited
+  /// for first (growing writes and may move the buffer on the host): the host never touches a
+  /// device's memory while a kernel runs.
   template <class T>
   T* sized(MemoryVector<T>& v, std::int64_t n) const {
     std::size_t const want = static_cast<std::size_t>(n);
     if (want > v.size()) {
-      if (want > v.capacity()) memory->synchronize(nullptr);
+      memory->synchronize(nullptr);
       v.resize(want);
     }
     return v.data();

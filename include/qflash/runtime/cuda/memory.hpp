@@ -36,14 +36,21 @@ class CudaManagedMemory final : public Memory {
   [[nodiscard]] int device() const { return device_; }
   [[nodiscard]] bool on_device() const override { return true; }
   void activate() override { check_cuda(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")"); }
+  // Each operation makes the device current first: callers outside a forward (a sequence's
+  // reset or fork, a pool's growth, destructors) may run where another device is.
   void copy(void* dst, void const* src, std::size_t bytes, stream_t stream) override {
-    if (bytes) check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "copying on the device");
+    if (!bytes) return;
+    activate();
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "copying on the device");
   }
   void zero(void* dst, std::size_t bytes, stream_t stream) override {
-    if (bytes) check_cuda(cudaMemsetAsync(dst, 0, bytes, stream), "zeroing device memory");
+    if (!bytes) return;
+    activate();
+    check_cuda(cudaMemsetAsync(dst, 0, bytes, stream), "zeroing device memory");
   }
   /// The stream's work; with no stream, the device's.
   void synchronize(stream_t stream) override {
+    activate();
     check_cuda(stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize(), "waiting for the device");
   }
 
@@ -55,7 +62,10 @@ class CudaManagedMemory final : public Memory {
                "allocating " + std::to_string(bytes) + " bytes on CUDA device " + std::to_string(device_));
     return p;
   }
-  void do_deallocate(void* p, std::size_t, std::size_t) override { cudaFree(p); }
+  void do_deallocate(void* p, std::size_t, std::size_t) override {
+    cudaSetDevice(device_);  // no throw here: a failure leaves the memory to the process's end
+    cudaFree(p);
+  }
   [[nodiscard]] bool do_is_equal(std::pmr::memory_resource const& o) const noexcept override { return this == &o; }
 
   int device_;

@@ -51,7 +51,8 @@ inline arch::ArchId cuda_arch_for(int device) {
 }
 
 /// `m` as Model<S, Arch> on CUDA device `device`: weights uploaded (a progress bar when asked),
-/// working memory on the device. The host copy of the weights is dropped.
+/// working memory on the device (it replaces any opts.memory). The host copy of the weights
+/// is dropped.
 template <MoeSpec S, class Arch>
   requires(Arch::is_cuda)
 std::unique_ptr<model::Model<S, Arch>> make_cuda_model(LoadedModel m, int device, model::ModelOptions opts,

@@ -422,6 +422,17 @@ TEST_CASE("working memory: a model refuses memory of the wrong kind") {
   auto o = opts();
   o.model.memory = std::make_shared<CountingMemory>(/*device=*/true);
   CHECK_THROWS_WITH_AS(load(fx.dir, o), doctest::Contains("a cpu model needs host memory"), Error);
+  // A sequence whose KV pool claims a device's memory is refused by a CPU model's forward.
+  auto m = load(fx.dir, opts());
+  auto const& cfg = m->config();
+  model::SequenceState s(cfg, model::private_kv_pool(cfg, kv::KvMap::uniform(cfg, {}),
+                                                     std::make_shared<CountingMemory>(/*device=*/true)));
+  auto const ids = fx.prompt(0);
+  model::SequenceChunk const c{ids, &s};
+  std::vector<float> logits;
+  CHECK_THROWS_WITH_AS(m->forward(std::span(&c, 1), model::LogitsFor::kLastToken, logits),
+                       doctest::Contains("a sequence's KV pool is in a device's memory"), Error);
+  CHECK(s.n_past() == 0);
   auto lm = runtime::load_model(fx.dir, opts());
   CHECK_THROWS_WITH_AS((model::Model<spec::generic, arch::Sm80>(std::move(lm.config), std::move(lm.weights),
                                                                lm.storage, {})),

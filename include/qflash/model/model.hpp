@@ -92,8 +92,11 @@ class Model {
                  Arch::is_cuda ? "a CUDA device's memory (runtime/cuda/memory.hpp)" : "host memory",
                  " for its working state");
     scratch_.place_in(opts_.memory.get());
-    batch_.place_in(opts_.memory.get());
-    for (auto* v : {&h_, &xn_, &mix_, &logits_}) *v = MemoryVector<float>(MemoryAllocator<float>(opts_.memory.get()));
+    MemoryAllocator<float> const in_memory(opts_.memory.get());
+    for (auto* v : {&h_, &xn_, &mix_, &logits_}) *v = MemoryVector<float>(in_memory);
+    positions_ = MemoryVector<std::int64_t>(in_memory);
+    tokens_ = MemoryVector<std::int32_t>(in_memory);
+    token_policies_ = MemoryVector<kernels::RoutingPolicy>(in_memory);
     MoeSpec const rt = cfg_.spec(S.kv == KvScheme::kAny ? KvScheme::kBf16 : S.kv, uniform_format(w_));
     QFLASH_CHECK(matches(S, rt), cfg_.source, ": the model ", to_string(rt),
                  " does not match the compiled spec ", to_string(S));
@@ -174,14 +177,14 @@ class Model {
 
     kernels::EmbeddingArgs e{};
     e.table = w_.embed;
-    e.tokens = batch_.tokens.data();
+    e.tokens = batch_.on_device.tokens;
     e.y = h;
     e.n_tokens = T;
     check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding");
     for (std::size_t i = 0; i < seqs.size(); ++i)  // adapters that replace the embedding table
       if (LoraAdapter const* ad = batch_.seq_adapter[i]; ad && ad->embed) {
         e.table = *ad->embed;
-        e.tokens = batch_.tokens.data() + batch_.begin[i];
+        e.tokens = batch_.on_device.tokens + batch_.begin[i];
         e.y = h + batch_.begin[i] * d;
         e.n_tokens = batch_.rows_of(i);
         check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding (LoRA modules_to_save)");
@@ -276,6 +279,26 @@ class Model {
       }
       batch_.begin.push_back(static_cast<std::int64_t>(batch_.tokens.size()));
     }
+    publish_batch();
+  }
+
+  /// Points the kernels at the batch's arrays: the host's (a CPU model), or copies in device
+  /// memory (one small copy each, where writing managed memory would fault pages over).
+  void publish_batch() {
+    Batch::KernelArrays& k = batch_.on_device;
+    bool const policies = !batch_.token_policies.empty();
+    if constexpr (!Arch::is_cuda) {
+      k = {batch_.positions.data(), batch_.tokens.data(), policies ? batch_.token_policies.data() : nullptr};
+    } else {
+      auto put = [&]<class T>(std::vector<T> const& host, MemoryVector<T>& dev) {
+        T* d = scratch_.sized(dev, static_cast<std::int64_t>(host.size()));
+        opts_.memory->copy(d, host.data(), host.size() * sizeof(T), opts_.stream);
+        return d;
+      };
+      k.positions = put(batch_.positions, positions_);
+      k.tokens = put(batch_.tokens, tokens_);
+      k.token_policies = policies ? put(batch_.token_policies, token_policies_) : nullptr;
+    }
   }
 
   /// The batch's routing: the model's for every token, or, when a sequence brings its own,
@@ -349,6 +372,10 @@ class Model {
   Batch batch_;
   Scratch scratch_;
   MemoryVector<float> h_, xn_, mix_, logits_;
+  // A CUDA model's copies of the batch's arrays.
+  MemoryVector<std::int64_t> positions_;
+  MemoryVector<std::int32_t> tokens_;
+  MemoryVector<kernels::RoutingPolicy> token_policies_;
 };
 
 }  // namespace qflash::model

@@ -35,28 +35,29 @@ struct AdapterRun {
   LoraAdapter const* adapter = nullptr;
 };
 
-/// A ragged batch laid out as rows: sequence i owns rows [begin[i], begin[i + 1]). What
-/// kernels read (positions, tokens, token_policies) is in the model's Memory.
+/// A ragged batch laid out as rows: sequence i owns rows [begin[i], begin[i + 1]). The model
+/// builds the arrays on the host; kernels read them through `on_device`: the same arrays for a
+/// CPU model, copies in the model's device memory for a CUDA one.
 struct Batch {
   std::span<SequenceChunk const> seqs;
-  std::vector<std::int64_t> begin;       // [n_seqs + 1]
-  MemoryVector<std::int64_t> positions;  // [n_tokens]
-  MemoryVector<std::int32_t> tokens;     // [n_tokens]
-  int route_slots = 0;                    ///< route slots per token (the most experts any token may use)
-  kernels::RoutingPolicy policy;          ///< every token's, unless token_policies is set
-  MemoryVector<kernels::RoutingPolicy> token_policies;  ///< [n_tokens] when sequences route differently
+  std::vector<std::int64_t> begin;      // [n_seqs + 1]
+  std::vector<std::int64_t> positions;  // [n_tokens]
+  std::vector<std::int32_t> tokens;     // [n_tokens]
+  int route_slots = 0;                   ///< route slots per token (the most experts any token may use)
+  kernels::RoutingPolicy policy;         ///< every token's, unless token_policies is set
+  std::vector<kernels::RoutingPolicy> token_policies;  ///< [n_tokens] when sequences route differently
   std::vector<LoraAdapter const*> seq_adapter;  ///< [n_seqs] each sequence's adapter (null: none)
   std::vector<AdapterRun> adapter_runs;          ///< the rows with an adapter, in runs of one adapter
 
+  /// Where kernels read positions, tokens and token_policies (null: no per-token policies).
+  struct KernelArrays {
+    std::int64_t const* positions = nullptr;
+    std::int32_t const* tokens = nullptr;
+    kernels::RoutingPolicy const* token_policies = nullptr;
+  } on_device;
+
   [[nodiscard]] std::int64_t n_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
   [[nodiscard]] std::int64_t rows_of(std::size_t i) const { return begin[i + 1] - begin[i]; }
-
-  /// Puts the arrays kernels read in `m` (emptied).
-  void place_in(Memory* m) {
-    positions = MemoryVector<std::int64_t>(MemoryAllocator<std::int64_t>(m));
-    tokens = MemoryVector<std::int32_t>(MemoryAllocator<std::int32_t>(m));
-    token_policies = MemoryVector<kernels::RoutingPolicy>(MemoryAllocator<kernels::RoutingPolicy>(m));
-  }
 };
 
 /// Per-call scratch, reused across calls and layers, in the model's Memory (but for the LoRA

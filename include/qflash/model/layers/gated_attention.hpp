@@ -87,7 +87,7 @@ class GatedAttention {
     a.head_stride = head_stride;
     a.weight = weight;
     a.y = y;
-    a.positions = batch.positions.data();
+    a.positions = batch.on_device.positions;
     a.n_tokens = batch.n_tokens();
     a.n_head = n_head;
     a.d_head = dim<S.d_head>(cfg_.d_head);

@@ -86,7 +86,7 @@ class MoeBlock {
     r.n_expert_used = k;
     r.renormalize = cfg_.norm_topk_prob;
     r.policy = b.policy;
-    r.token_policies = b.token_policies.empty() ? nullptr : b.token_policies.data();
+    r.token_policies = b.on_device.token_policies;
     r.shared_weights = shared ? shared_gate : nullptr;
     check_launch(kernels::launch_router_topk<S>(Arch{}, r, stream), "router_topk");
     if (observer_ && *observer_) {

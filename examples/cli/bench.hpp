@@ -528,9 +528,9 @@ inline int cmd_bench(BenchOptions o) {
       print_table_row(ctx, r);
     }
   };
-  /// The bandwidth decode is put against: the CPU's read bandwidth with t threads, or the
-  /// device's copy bandwidth.
-  auto measure_bandwidth = [&](int t) -> double {
+  /// The bandwidth decode is put against: the CPU's read bandwidth with the pool's threads, or
+  /// the device's copy bandwidth.
+  auto measure_bandwidth = [&]() -> double {
 #if QFLASH_CLI_CUDA
     if (device) {
       runtime::DeviceBandwidth const bw = runtime::measure_device_bandwidth(*device);
@@ -540,7 +540,6 @@ inline int cmd_bench(BenchOptions o) {
       return bw.gbs;
     }
 #endif
-    set_max_threads(t);
     peak.before_probe();
     runtime::ReadBandwidth const bw = runtime::measure_read_bandwidth();
     peak.after_probe(bw.buffer_bytes);
@@ -553,7 +552,7 @@ inline int cmd_bench(BenchOptions o) {
     std::vector<float> logits;
     for (int t : o.threads) {
       set_max_threads(t);
-      double const gbs = measure_bandwidth(t);
+      double const gbs = measure_bandwidth();
       auto run_test = [&](std::string name, int n_prompt, int n_gen, int depth, int batch) {
         if (batch > 1) name += " b" + std::to_string(batch);
         if (depth > 0) name += " @ d" + std::to_string(depth);

@@ -170,8 +170,8 @@ void check_device(CommonOptions const& o, std::string const& command) {
 /// --device names, and calls fn(model).
 template <class Fn>
 void with_model(CommonOptions const& o, model::ModelConfig const& cfg, Fn&& fn) {
+#if QFLASH_CLI_CUDA  // (without CUDA, check_device refused --device cuda before this)
   std::optional<int> const device = cli::cuda_device(o.device);
-#if QFLASH_CLI_CUDA
   if (device) (void)runtime::cuda_arch_for(*device);  // no device, or none it runs: said before loading
 #endif
   apply_threads(o.threads);
@@ -181,8 +181,6 @@ void with_model(CommonOptions const& o, model::ModelConfig const& cfg, Fn&& fn) 
   opts.model.lora = cli::apply_loras(o.lora, m);
 #if QFLASH_CLI_CUDA
   if (device) return runtime::with_cuda_model(std::move(m), *device, opts.model, ::isatty(2) != 0, fn);
-#else
-  QFLASH_CHECK(!device, "--device ", o.device, ": no CUDA in this build");  // check_device said so first
 #endif
   runtime::with_model(std::move(m), opts.model, fn);
 }

@@ -1,8 +1,8 @@
 /// @file
 /// A CUDA device's memory for a model's working state (core/memory.hpp): CUDA managed memory,
-/// so the kernels read it on the device and the host may write a batch's token arrays or read
-/// a router's choices between forwards without explicit copies; copies and zeroing go on the
-/// model's stream.
+/// so the kernels read it on the device and the host may read a router's choices or grow a
+/// block table after a wait, without explicit copies; copies and zeroing go on the model's
+/// stream.
 ///
 /// Host code that calls the CUDA runtime API: include it only where CUDA is enabled and link
 /// CUDA::cudart (host-only builds never see it).

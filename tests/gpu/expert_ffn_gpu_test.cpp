@@ -3,8 +3,9 @@
 // are dynamic): one token and many (tiles of several rows per expert), unused route slots, a
 // shared expert of another width, gate and up in different formats, fused and separate SwiGLU,
 // rows too short for the vector path; and the launches CUDA refuses (experts not at one
-// stride, LoRA). Tolerance: fp32 sums in another order and the device's expf in SwiGLU; with
-// block-format down rows, a SwiGLU output a few ulp off can move its 8-bit code by one step.
+// stride, LoRA). Tolerance, relative to each token's largest output: fp32 sums in another order
+// and the device's expf in SwiGLU (H200: up to ~1e-4); with block-format rows, an activation a
+// few ulp off can move its 8-bit code by one step, which shifts the whole row (H200: ~1e-3).
 #include "gpu/gpu_main.hpp"
 
 #include <algorithm>
@@ -28,8 +29,8 @@ using test::gpu::DeviceArray;
 
 namespace {
 
-constexpr Tolerance kElements{1e-4, 1e-4};
-constexpr Tolerance kBlocks{3e-3, 2e-4};
+constexpr Tolerance kElements{1e-5, 5e-4};
+constexpr Tolerance kBlocks{1e-5, 1e-2};
 
 /// A case's experts on the device: each projection of the routed experts stacked in one
 /// buffer (fp8 scale grids too), as the device upload lays them out; the shared expert's own.
@@ -129,7 +130,8 @@ void check_case(Case const& c) {
   REQUIRE(launch_expert_ffn<S>(Tag{}, a, nullptr) == Status::kSuccess);
   QFLASH_TEST_CUDA(cudaDeviceSynchronize());
   bool const blocks = block_values(c.down) > 1 || (c.shared && block_values(*c.shared) > 1);
-  auto const r = all_close<float, float>(out.download(), cpu, blocks ? kBlocks : kElements);
+  auto const r = test::rows_close<float, float>(out.download(), cpu, static_cast<std::size_t>(c.d_model),
+                                               blocks ? kBlocks : kElements);
   CHECK_MESSAGE(r.ok, "GPU vs CPU twin: ", r.report);
 
   // Experts not at one stride, and LoRA: refused before anything runs.

@@ -4,6 +4,7 @@
 #include "gpu/gpu_main.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,8 +27,20 @@ namespace {
 // the kernels sum in another order, and the device's expf rounds differently from the host's.
 constexpr double kFixtureTol = 1e-4;
 // The default model's stored or converted weights on both sides: the same products summed in
-// another order, activations of block formats rounded the same way first.
+// another order.
 constexpr double kTwinTol = 1e-3;
+// Block formats round each activation to an 8-bit code first. Sums a few ulp apart put some
+// activation on the other side of a rounding step now and then, and that one step moves every
+// later logit. Two CPU paths of the default model (AVX-512 vs AVX2) differ by up to 0.7% of
+// the largest |logit| (relative RMS 0.4%), GPU vs CPU on an H200 by up to 3.0%. The limits
+// allow that and fail a wrong kernel, which moves logits by whole units.
+constexpr double kBlockTwinMax = 0.05;  ///< of the largest |logit|
+constexpr double kBlockTwinRms = 0.02;  ///< RMS difference over RMS logit
+
+bool rounds_activations(runtime::WeightScheme w) {
+  using enum runtime::WeightScheme;
+  return w == kQ8_0 || w == kQ4K || w == kQ6K || w == kQ4KM || w == kInt4;
+}
 
 std::string const kMicro = std::string(QFLASH_SOURCE_DIR) + "/models/qwen3_5_moe-micro";
 
@@ -106,17 +119,36 @@ Run on_gpu(runtime::LoadedModel m, std::vector<std::vector<std::int32_t>> const&
   return r;
 }
 
-void check_twins(Run const& gpu, Run const& cpu, double tol) {
-  for (std::size_t i = 0; i < gpu.full.size(); ++i) {
-    double const d = test::max_abs_diff(gpu.full[i], cpu.full[i]);
-    MESSAGE("prompt ", i, ": max |dlogit| GPU vs CPU = ", d);
-    CHECK(d <= tol);
+double max_abs(std::span<float const> v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+
+/// sqrt(mean (a - b)^2 / mean b^2); infinity when the sizes differ.
+double relative_rms(std::span<float const> a, std::span<float const> b) {
+  if (a.size() != b.size()) return HUGE_VAL;
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    double const d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
   }
-  double const inc = test::max_abs_diff(gpu.incremental, cpu.incremental);
-  MESSAGE("token by token: max |dlogit| GPU vs CPU = ", inc);
-  CHECK(inc <= tol);
+  return den > 0 ? std::sqrt(num / den) : (num > 0 ? HUGE_VAL : 0.0);
+}
+
+/// GPU vs CPU: every logit within `tol` and the relative RMS difference within `rms`.
+void check_twins(Run const& gpu, Run const& cpu, double tol, double rms = HUGE_VAL) {
+  auto check = [&](std::string const& what, std::vector<float> const& g, std::vector<float> const& c) {
+    double const d = test::max_abs_diff(g, c), r = relative_rms(g, c);
+    MESSAGE(what, ": max |dlogit| GPU vs CPU = ", d, ", relative RMS ", r);
+    CHECK(d <= tol);
+    CHECK(r <= rms);
+  };
+  for (std::size_t i = 0; i < gpu.full.size(); ++i) check("prompt " + std::to_string(i), gpu.full[i], cpu.full[i]);
+  check("token by token", gpu.incremental, cpu.incremental);
+  check("ragged batch", gpu.ragged, cpu.ragged);
   CHECK(test::max_abs_diff(gpu.ragged, gpu.alone) <= tol);
-  CHECK(test::max_abs_diff(gpu.ragged, cpu.ragged) <= tol);
   CHECK(gpu.greedy == cpu.greedy);
 }
 
@@ -159,7 +191,14 @@ TEST_CASE("model on CUDA: the default model in every weight scheme equals the CP
     CAPTURE(name);
     Run const gpu = on_gpu(load(kMicro, w), prompts, 24);
     Run const cpu = on_cpu(load(kMicro, w), prompts, 24);
-    check_twins(gpu, cpu, kTwinTol);
+    if (rounds_activations(w)) {
+      double scale = max_abs(cpu.incremental);
+      for (auto const& f : cpu.full) scale = std::max(scale, max_abs(f));
+      MESSAGE("activations rounded to 8-bit codes: max |logit| ", scale);
+      check_twins(gpu, cpu, kBlockTwinMax * scale, kBlockTwinRms);
+    } else {
+      check_twins(gpu, cpu, kTwinTol);
+    }
   }
 }
 

@@ -71,4 +71,36 @@ CloseResult all_close(std::span<A const> y, std::span<B const> ref, Tolerance t)
   return r;
 }
 
+/// Checks every element against its row's scale: |y - ref| <= atol + rtol * max |ref| over the
+/// row (`row_len` elements). For outputs where one rounding step of an 8-bit intermediate
+/// code moves a whole row by a fraction of its size, not of each element's.
+template <class A, class B>
+CloseResult rows_close(std::span<A const> y, std::span<B const> ref, std::size_t row_len, Tolerance t) {
+  CloseResult r;
+  std::ostringstream os;
+  if (y.size() != ref.size() || row_len == 0 || ref.size() % row_len != 0) {
+    r.ok = false;
+    os << "size " << y.size() << " vs " << ref.size() << " in rows of " << row_len;
+    r.report = os.str();
+    return r;
+  }
+  for (std::size_t row = 0; row < ref.size(); row += row_len) {
+    double scale = 0;
+    for (std::size_t i = row; i < row + row_len; ++i) scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
+    for (std::size_t i = row; i < row + row_len; ++i) {
+      double const a = static_cast<double>(y[i]);
+      double const b = static_cast<double>(ref[i]);
+      bool const bad = std::isnan(a) || std::isnan(b) || !(std::fabs(a - b) <= t.atol + t.rtol * scale);
+      if (bad) {
+        if (r.n_bad < 5) os << "[" << i << "] got " << a << " want " << b << " (row scale " << scale << "); ";
+        ++r.n_bad;
+        r.ok = false;
+      }
+    }
+  }
+  if (!r.ok) os << r.n_bad << " of " << y.size() << " elements out of tolerance";
+  r.report = os.str();
+  return r;
+}
+
 }  // namespace qflash::test

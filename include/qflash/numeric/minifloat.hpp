@@ -110,7 +110,13 @@ QFLASH_HD constexpr int round_half_away(float v) {
 /// Round half to even, for |v| < 2^22 (ggml's nearest_int): adding 1.5 * 2^23 leaves the
 /// rounded integer in the low mantissa bits.
 QFLASH_HD constexpr int round_half_even(float v) {
+#ifdef __CUDA_ARCH__
+  // An unfusable add: nvcc would fuse `a * b` before it into one FMA and round the exact
+  // product, not the float one the host rounds (-99.5 from a product then gave -99, not -100).
+  float const shifted = __fadd_rn(v, 12582912.0f);
+#else
   float const shifted = v + 12582912.0f;
+#endif
   return static_cast<int>(bits_of(shifted) & 0x007fffffu) - 0x00400000;
 }
 

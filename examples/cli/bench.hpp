@@ -507,10 +507,14 @@ inline int cmd_bench(BenchOptions o) {
                   ")");
   // The routed experts change from token to token; the rest is read again by every token.
   std::int64_t const reread = per_token.total() - per_token.routed_experts;
-  if (std::int64_t const llc = runtime::last_level_cache_bytes(); llc > 0 && reread <= llc)
+  std::int64_t cache = runtime::last_level_cache_bytes();
+#if QFLASH_CLI_CUDA
+  if (device) cache = runtime::device_l2_bytes(*device);
+#endif
+  if (cache > 0 && reread <= cache)
     QFLASH_LOG_WARN("the weights every decoded token reads again (", human_bytes(static_cast<double>(reread)),
-                    ") fit in the ", human_bytes(static_cast<double>(llc)),
-                    " last-level cache: decode can read them from cache, and roofline_fraction then overstates the "
+                    ") fit in the ", human_bytes(static_cast<double>(cache)), device ? " L2" : " last-level",
+                    " cache: decode can read them from cache, and roofline_fraction then overstates the "
                     "share of memory bandwidth reached (bench a model whose dense weights exceed the cache, e.g. "
                     "more --layers)");
 

@@ -24,6 +24,14 @@ struct DeviceBandwidth {
   std::string device;             ///< the device's name
 };
 
+/// The L2 cache of CUDA device `device` in bytes.
+inline std::int64_t device_l2_bytes(int device) {
+  int bytes = 0;
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device),
+             "querying the L2 cache of CUDA device " + std::to_string(device));
+  return bytes;
+}
+
 /// Copies a buffer of up to 1 GiB (an eighth of the free memory at most) to another `passes`
 /// times after a warm-up, on CUDA device `device`.
 inline DeviceBandwidth measure_device_bandwidth(int device, int passes = 10) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "device.hpp"
 #include "kv_option.hpp"
 #include "qflash/arch/cpu_features.hpp"
 #include "qflash/core/log.hpp"
@@ -40,10 +41,8 @@
 #include "qflash/runtime/roofline.hpp"
 #include "qflash/runtime/synthetic.hpp"
 #include "qflash/runtime/weight_plan.hpp"
-#include "qflash/runtime/with_model.hpp"
 #if QFLASH_CLI_CUDA
 #include "qflash/runtime/cuda/bandwidth.hpp"
-#include "qflash/runtime/cuda/model.hpp"
 #endif
 
 extern char** environ;
@@ -470,9 +469,7 @@ inline int cmd_bench(BenchOptions o) {
     }
   set_max_threads(*std::max_element(o.threads.begin(), o.threads.end()));  // for loading
 
-#if QFLASH_CLI_CUDA
-  if (device) (void)runtime::cuda_arch_for(*device);  // no usable device: said before the weights are made
-#endif
+  check_device_usable(device);  // said before the weights are made
   runtime::WeightScheme const scheme = runtime::parse_weight_scheme(o.weights);
   auto const t_load = std::chrono::steady_clock::now();
   runtime::LoadedModel loaded;
@@ -586,14 +583,7 @@ inline int cmd_bench(BenchOptions o) {
         }
     }
   };
-#if QFLASH_CLI_CUDA
-  if (device) {
-    runtime::with_cuda_model(std::move(loaded), *device, model_opts, ::isatty(2) != 0, bench_model);
-  } else
-#endif
-  {
-    runtime::with_model(std::move(loaded), model_opts, bench_model);
-  }
+  with_model_on(device, std::move(loaded), model_opts, bench_model);
 
   if (!o.plot.empty()) {
     fs::path const jsonl = fs::temp_directory_path() / ("qflash-bench-" + std::to_string(::getpid()) + ".jsonl");

@@ -23,6 +23,7 @@
 #include "args.hpp"
 #include "bench.hpp"
 #include "chat.hpp"
+#include "device.hpp"
 #include "flash_config.hpp"
 #include "budget.hpp"
 #include "kv_option.hpp"
@@ -42,9 +43,6 @@
 #include "qflash/runtime/perplexity.hpp"
 #include "qflash/runtime/weight_plan.hpp"
 #include "qflash/runtime/with_model.hpp"
-#if QFLASH_CLI_CUDA
-#include "qflash/runtime/cuda/model.hpp"
-#endif
 
 #ifndef QFLASH_VERSION
 #define QFLASH_VERSION "unknown"
@@ -170,19 +168,14 @@ void check_device(CommonOptions const& o, std::string const& command) {
 /// --device names, and calls fn(model).
 template <class Fn>
 void with_model(CommonOptions const& o, model::ModelConfig const& cfg, Fn&& fn) {
-#if QFLASH_CLI_CUDA  // (without CUDA, check_device refused --device cuda before this)
   std::optional<int> const device = cli::cuda_device(o.device);
-  if (device) (void)runtime::cuda_arch_for(*device);  // no device, or none it runs: said before loading
-#endif
+  cli::check_device_usable(device);  // said before loading
   apply_threads(o.threads);
   auto opts = load_options(o);
   opts.config = cfg;
   auto m = runtime::load_model(o.model_dir, opts);
   opts.model.lora = cli::apply_loras(o.lora, m);
-#if QFLASH_CLI_CUDA
-  if (device) return runtime::with_cuda_model(std::move(m), *device, opts.model, ::isatty(2) != 0, fn);
-#endif
-  runtime::with_model(std::move(m), opts.model, fn);
+  cli::with_model_on(device, std::move(m), opts.model, std::forward<Fn>(fn));
 }
 
 /// The model's tokenizer (tokenizer.json beside the weights, or a GGUF file's tokenizer.ggml.*),

@@ -69,7 +69,8 @@ struct VariantResult {
 };
 
 struct Comparison {
-  std::string routing;  ///< both variants' (model/routing.hpp text)
+  std::string routing;         ///< both variants' (model/routing.hpp text)
+  std::string device = "cpu";  ///< where they ran: "cpu", or a GPU's name and arch
   VariantResult a, b;
   double max_abs_diff = 0;  ///< over every logit
   double logit_scale = 0;   ///< the largest |logit| of a
@@ -129,21 +130,13 @@ VariantResult run_variant(M& m, std::vector<std::int32_t> const& prompt, Compare
   return r;
 }
 
-}  // namespace detail
-
-/// Builds Model<S, Arch, A> and Model<S, Arch, B> on `m`'s weights (shared, not copied), runs
-/// both on the same random prompt and greedy continuation (A's choices fed to both), and
-/// compares every logit.
-template <MoeSpec S, fusion::FusionVariant A, fusion::FusionVariant B, class Arch = arch::Cpu>
-Comparison compare(runtime::LoadedModel const& m, CompareOptions const& o = {}) {
+/// Runs models `ma` and `mb` (one model's two variants) on the same random prompt and greedy
+/// continuation (A's choices fed to both) and compares every logit.
+template <class MA, class MB>
+Comparison compare_models(MA& ma, MB& mb, CompareOptions const& o) {
   QFLASH_CHECK(o.prompt >= 1 && o.decode >= 0, "compare: needs a prompt of at least 1 token");
-  model::ModelOptions mo;
-  mo.routing = o.routing;
-  model::Model<S, Arch, A> ma(m.config, m.weights, m.storage, mo);
-  model::Model<S, Arch, B> mb(m.config, m.weights, m.storage, mo);
-
   std::mt19937_64 rng(o.seed);
-  std::uniform_int_distribution<std::int32_t> token(0, m.config.vocab - 1);
+  std::uniform_int_distribution<std::int32_t> token(0, ma.config().vocab - 1);
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(o.prompt));
   for (auto& t : prompt) t = token(rng);
 
@@ -160,10 +153,25 @@ Comparison compare(runtime::LoadedModel const& m, CompareOptions const& o = {}) 
   return c;
 }
 
+}  // namespace detail
+
+/// Builds Model<S, Arch, A> and Model<S, Arch, B> on `m`'s weights (shared, not copied), runs
+/// both on the same random prompt and greedy continuation (A's choices fed to both), and
+/// compares every logit. On a CUDA device: compare_on_cuda (runtime/cuda/research.hpp).
+template <MoeSpec S, fusion::FusionVariant A, fusion::FusionVariant B, class Arch = arch::Cpu>
+  requires(!Arch::is_cuda)
+Comparison compare(runtime::LoadedModel const& m, CompareOptions const& o = {}) {
+  model::ModelOptions mo;
+  mo.routing = o.routing;
+  model::Model<S, Arch, A> ma(m.config, m.weights, m.storage, mo);
+  model::Model<S, Arch, B> mb(m.config, m.weights, m.storage, mo);
+  return detail::compare_models(ma, mb, o);
+}
+
 /// The comparison as a short table on `out`.
 inline void print(Comparison const& c, std::FILE* out = stdout) {
-  std::fprintf(out, "%-36s %14s %14s %16s   (routing %s)\n", "variant", "prefill tok/s", "decode tok/s",
-               "experts/token", c.routing.c_str());
+  std::fprintf(out, "%-36s %14s %14s %16s   (routing %s, on %s)\n", "variant", "prefill tok/s", "decode tok/s",
+               "experts/token", c.routing.c_str(), c.device.c_str());
   for (VariantResult const* r : {&c.a, &c.b})
     std::fprintf(out, "%-36s %14.1f %14.1f %16.2f\n", r->name.c_str(), r->prefill_tok_s, r->decode_tok_s,
                  r->experts_per_token);

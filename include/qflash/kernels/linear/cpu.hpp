@@ -646,12 +646,19 @@ inline constexpr std::int64_t kPanelMinTokens = 8;
 /// Tokens per panel pass.
 inline constexpr int kPanelTokens = 8;
 
+/// The weight blocks that have 16-row panels on AVX-512 VNNI (panel_rows): the one list.
+template <class WB>
+inline constexpr bool kPanelBlock = std::is_same_v<WB, BlockQ8_0> || std::is_same_v<WB, BlockQ4K>;
+
 /// True when rows in format f of a projection of n_tokens tokens run in panels at `isa` (16-row
 /// panels; the rows past the last whole panel, and token blocks under kPanelMinTokens, on the
 /// row kernels). A token's sums there equal its one-token sums within fp32 rounding.
 inline bool panels_apply(arch::CpuIsa isa, WeightFormat f, std::int64_t n_tokens) {
-  return (f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4K) && isa >= arch::CpuIsa::kAvx512Vnni &&
-         n_tokens >= kPanelMinTokens;
+  bool const panels = f == WeightFormat::kQ8_0  ? kPanelBlock<BlockQ8_0>
+                      : f == WeightFormat::kQ4K ? kPanelBlock<BlockQ4K>
+                      : f == WeightFormat::kQ6K ? kPanelBlock<BlockQ6K>
+                      : f == WeightFormat::kInt4 && kPanelBlock<BlockInt4G128>;
+  return panels && isa >= arch::CpuIsa::kAvx512Vnni && n_tokens >= kPanelMinTokens;
 }
 
 #if QFLASH_HAS_X86_SIMD
@@ -786,7 +793,7 @@ void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
     if (b1 - b0 > 1) {
       constexpr int kTile = kQuantTileRows<WB>;
       std::int64_t o = o0;
-      if constexpr (V == Simd::kAvx512 && (std::is_same_v<WB, BlockQ8_0> || std::is_same_v<WB, BlockQ4K>))
+      if constexpr (V == Simd::kAvx512 && kPanelBlock<WB>)
         if (b1 - b0 >= kPanelMinTokens) o = panel_rows<WB, XB>(p, o0, o1, nb, b0, b1);
       if constexpr (kTile > 1)
         for (; o + kTile <= o1; o += kTile) quant_rows_tokens<V, kTile, WB, XB>(p, o, nb, b0, b1);

@@ -116,6 +116,19 @@ TEST_CASE("fp16: all 65536 codes decode exactly and encode back to themselves") 
   }
 }
 
+TEST_CASE("fp16: the device's branch-free decode equals the host's for all 65536 codes") {
+  int mismatches = 0;
+  for (std::uint32_t c = 0; c < 65536; ++c) {
+    auto const code = static_cast<std::uint16_t>(c);
+    std::uint32_t const got = bits_of(detail::decode_f16_scaled(code));
+    std::uint32_t const want = bits_of(detail::decode_minifloat(code, detail::kFp16Format));
+    if (got != want && mismatches++ < 5) MESSAGE("code ", c, ": ", got, " != ", want);
+  }
+  CHECK(mismatches == 0);
+  static_assert(detail::decode_f16_scaled(0x0001) == 0x1p-24f);  // the smallest subnormal
+  static_assert(detail::decode_f16_scaled(0xFC00) == -HUGE_VALF);
+}
+
 TEST_CASE("fp16: round to nearest even, subnormals, overflow, NaN") {
   CHECK(to_fp16(1.0f).bits == 0x3C00);
   CHECK(to_fp16(65504.0f).bits == 0x7BFF);

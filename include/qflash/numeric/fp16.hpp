@@ -36,9 +36,29 @@ QFLASH_HD constexpr Fp16 to_fp16(float x) {
   return {static_cast<std::uint16_t>(detail::encode_minifloat(x, detail::kFp16Format, false))};
 }
 
+namespace detail {
+
+/// fp16 -> fp32 without branches, equal to decode_minifloat bit for bit: exponent and mantissa
+/// placed in an fp32's bits and scaled by 2^(127 - 15) (exponent 0 lands in fp32's subnormals,
+/// which the scaling renormalises), the sign after; exponent 31 is Inf or NaN. The device's
+/// decode (GGUF block scales and f16 rows in GEMV inner loops); needs subnormals kept.
+QFLASH_HD constexpr float decode_f16_scaled(std::uint16_t code) {
+  std::uint32_t const mag = code & 0x7FFFu;
+  std::uint32_t const sign = (std::uint32_t{code} & 0x8000u) << 16;
+  float const v = float_of(mag << 13) * 0x1p112f;
+  std::uint32_t const special = mag == 0x7C00u ? sign | 0x7F800000u : kCanonicalNanBits;
+  return float_of(mag >= 0x7C00u ? special : bits_of(v) | sign);
+}
+
+}  // namespace detail
+
 /// fp16 -> fp32, exact (NaN becomes the canonical 0x7FFFFFFF).
 QFLASH_HD constexpr float to_float(Fp16 x) {
+#ifdef __CUDA_ARCH__
+  return detail::decode_f16_scaled(x.bits);
+#else
   return detail::decode_minifloat(x.bits, detail::kFp16Format);
+#endif
 }
 
 /// `x` rounded to the nearest fp16 value, as fp32.

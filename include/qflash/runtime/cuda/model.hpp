@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -30,9 +31,9 @@ constexpr bool compiled_arch(arch::ArchId id) {
   return false;
 }
 
-/// The compiled arch that runs on CUDA device `device`; throws naming the device and the
-/// compiled archs when none does.
-inline arch::ArchId cuda_arch_for(int device) {
+/// The best arch among `compiled_archs` (default: the build's, QFLASH_CUDA_ARCHS) that runs on CUDA
+/// device `device`; throws naming the device and those archs when none does.
+inline arch::ArchId cuda_arch_for(int device, std::span<arch::ArchId const> compiled_archs = instances::kArchs) {
   int n = 0;
   cudaError_t const e = cudaGetDeviceCount(&n);
   QFLASH_CHECK(e == cudaSuccess && n > 0, "no CUDA device is available (",
@@ -40,9 +41,9 @@ inline arch::ArchId cuda_arch_for(int device) {
   QFLASH_CHECK(device >= 0 && device < n, "CUDA device ", device, " does not exist (", n, " found)");
   cudaDeviceProp prop{};
   check_cuda(cudaGetDeviceProperties(&prop, device), "querying CUDA device " + std::to_string(device));
-  std::optional<arch::ArchId> const a = arch::select_cuda_arch(instances::kArchs, prop.major, prop.minor);
+  std::optional<arch::ArchId> const a = arch::select_cuda_arch(compiled_archs, prop.major, prop.minor);
   std::string compiled;
-  for (arch::ArchId id : instances::kArchs)
+  for (arch::ArchId id : compiled_archs)
     if (id != arch::ArchId::kCpu) compiled += (compiled.empty() ? "" : ", ") + std::string(arch::to_string(id));
   QFLASH_CHECK(a.has_value(), "CUDA device ", device, " (", prop.name, ", compute capability ", prop.major, ".",
                prop.minor, ") runs none of the compiled archs (", compiled.empty() ? "none" : compiled,

@@ -12,12 +12,11 @@
 
 #include <array>
 #include <memory>
-#include <optional>
 #include <string>
 
-#include "qflash/arch/select.hpp"
 #include "qflash/runtime/cuda/device_weights.hpp"
 #include "qflash/runtime/cuda/memory.hpp"
+#include "qflash/runtime/cuda/model.hpp"
 #include "qflash/runtime/research.hpp"
 
 namespace qflash::research {
@@ -32,14 +31,10 @@ inline int cuda_device_count() {
 /// sm_80): `m`'s weights are uploaded once and both variants read them.
 template <MoeSpec S, fusion::FusionVariant A, fusion::FusionVariant B>
 Comparison compare_on_cuda(runtime::LoadedModel const& m, int device, CompareOptions const& o = {}) {
-  QFLASH_CHECK(device >= 0 && device < cuda_device_count(), "compare_on_cuda: CUDA device ", device,
-               " does not exist (", cuda_device_count(), " found)");
+  constexpr std::array kArchs{arch::ArchId::kSm80, arch::ArchId::kSm90a};  // the project compiles both
+  arch::ArchId const chosen = runtime::cuda_arch_for(device, kArchs);
   cudaDeviceProp prop{};
   runtime::check_cuda(cudaGetDeviceProperties(&prop, device), "querying CUDA device " + std::to_string(device));
-  constexpr std::array kArchs{arch::ArchId::kSm80, arch::ArchId::kSm90a};
-  std::optional<arch::ArchId> const chosen = arch::select_cuda_arch(kArchs, prop.major, prop.minor);
-  QFLASH_CHECK(chosen.has_value(), "compare_on_cuda: ", prop.name, " (compute capability ", prop.major, ".",
-               prop.minor, ") runs neither sm_80 nor sm_90a code");
 
   auto memory = std::make_shared<runtime::CudaManagedMemory>(device);
   memory->activate();
@@ -54,7 +49,7 @@ Comparison compare_on_cuda(runtime::LoadedModel const& m, int device, CompareOpt
     c.device = std::string(prop.name) + ", " + std::string(arch::to_string(Arch::id));
     return c;
   };
-  return *chosen == arch::ArchId::kSm90a ? run(arch::Sm90a{}) : run(arch::Sm80{});
+  return chosen == arch::ArchId::kSm90a ? run(arch::Sm90a{}) : run(arch::Sm80{});
 }
 
 }  // namespace qflash::research

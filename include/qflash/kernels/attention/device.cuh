@@ -12,8 +12,8 @@
 /// accurate expf.
 ///
 /// Long contexts with few CTAs (decode: one row tile per KV head) are split over the keys
-/// (flash-decoding): each split writes its rows' max, sum and unnormalised output to a
-/// workspace from the stream's pool allocator, and a second kernel merges the splits.
+/// (flash-decoding): each split writes its rows' max, sum and unnormalised output to the
+/// stream's workspace (common/stream_workspace.cuh), and a second kernel merges the splits.
 /// Prefill reuses the same kernel (keys beyond a row's position are masked); tensor-core
 /// prefill belongs to the CUDA model path.
 #pragma once
@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "qflash/kernels/attention/op.hpp"
+#include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/kv_append/device.cuh"
 
 namespace qflash::kernels::attention_cuda {
@@ -34,8 +35,8 @@ inline constexpr int kWarps = 8;  ///< query rows per CTA
 inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kChunk = 8;  ///< values one thread decodes per step
 inline constexpr int kMaxHeadDim = 512;
-inline constexpr int kSplitKeys = 256;  ///< fewest keys per split of a long context
-inline constexpr int kMaxSplits = 64;
+inline constexpr int kSplitKeys = 64;  ///< fewest keys per split of a long context
+inline constexpr int kMaxSplits = 128;
 
 /// Dimensions each lane owns for a head of d (<= kMaxHeadDim).
 constexpr int per_lane(int d) { return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : d <= 256 ? 8 : 16; }
@@ -346,10 +347,10 @@ Status launch_per_lane(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t
   p.split_keys = (p.n_ctx + n_split - 1) / n_split;
   p.split_keys = (p.split_keys + kTile - 1) / kTile * kTile;
   n_split = (p.n_ctx + p.split_keys - 1) / p.split_keys;
-  void* workspace = nullptr;
   if (n_split > 1) {
     std::size_t const floats = static_cast<std::size_t>(n_split * p.n_tokens * p.n_head) * static_cast<std::size_t>(p.d + 2);
-    if (cudaMallocAsync(&workspace, floats * sizeof(float), stream) != cudaSuccess) return Status::kErrorCuda;
+    void* const workspace = cuda::stream_workspace(stream, floats * sizeof(float));
+    if (!workspace) return Status::kErrorCuda;
     p.part_o = static_cast<float*>(workspace);
     p.part_ml = p.part_o + n_split * p.n_tokens * p.n_head * p.d;
   }
@@ -357,14 +358,11 @@ Status launch_per_lane(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t
   dim3 const grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n_split));
   attention_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, smem, stream>>>(kv, p);
   Status status = cuda::last_launch_status();
-  if (n_split > 1) {
-    if (status == Status::kSuccess) {
-      std::int64_t const warps = p.n_tokens * p.n_head;
-      auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
-      combine_kernel<Arch, kPerLane><<<blocks, kThreads, 0, stream>>>(p, static_cast<int>(n_split));
-      status = cuda::last_launch_status();
-    }
-    if (cudaFreeAsync(workspace, stream) != cudaSuccess) status = Status::kErrorCuda;
+  if (n_split > 1 && status == Status::kSuccess) {
+    std::int64_t const warps = p.n_tokens * p.n_head;
+    auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+    combine_kernel<Arch, kPerLane><<<blocks, kThreads, 0, stream>>>(p, static_cast<int>(n_split));
+    status = cuda::last_launch_status();
   }
   return status;
 }

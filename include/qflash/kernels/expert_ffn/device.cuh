@@ -7,9 +7,11 @@
 ///  3. gate and up with SwiGLU: a warp owns one d_ff row of a tile's expert and computes both
 ///     projections for the tile's rows with linear's lane_dot, so each weight row is read
 ///     once per tile; when gate and up differ in format, or fused_swiglu is false, gate runs
-///     in its own pass and up's pass applies SwiGLU to it;
-///  4. the SwiGLU outputs rounded for down's format; down per tile as in 3;
+///     in its own pass and up's pass applies SwiGLU to it (a warp owning two rows there);
+///  4. the SwiGLU outputs rounded for down's format; down per tile, two rows per warp;
 ///  5. combine: out[t] += w_j y[row of slot j] in slot order, then the shared expert's.
+/// Steps 3 and 4 serve the shared expert in the same launches when it has the routed experts'
+/// formats and shapes (its tiles, expert -1, lead the list); else it has its own, first.
 /// Each row's sums do not depend on which rows share its tile, so results are deterministic
 /// though the rows within an expert come in the order atomics give them.
 /// Routed experts are read as a StackedView (stacked.hpp): others are kErrorNotSupported, as
@@ -19,6 +21,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cub/block/block_scan.cuh>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -26,6 +30,7 @@
 #include <span>
 
 #include "qflash/kernels/common/cuda.cuh"
+#include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/expert_ffn/op.hpp"
 #include "qflash/kernels/expert_ffn/stacked.hpp"
 #include "qflash/kernels/linear/device.cuh"
@@ -47,27 +52,44 @@ struct Tile {
 };
 
 /// Step 1. Rows [0, shared_rows) are the shared expert's (row t: token t); routed rows start
-/// at shared_rows, grouped by expert in id order. slot_row[s]: slot s's row, or -1.
+/// at shared_rows, grouped by expert in id order. slot_row[s]: slot s's row, or -1. Each
+/// thread owns a run of experts; block-wide prefix sums place their rows and tiles. With
+/// shared_tiles, the shared rows' tiles (expert -1) come first in the list.
 template <class Arch>
 __global__ void __launch_bounds__(kGroupThreads)
-    group_kernel(std::int32_t const* routes, int n_slots, int n_expert_used, int n_expert, int shared_rows, Tile* tiles,
-                 int* tile_count, int* row_token, int* slot_row) {
+    group_kernel(std::int32_t const* routes, int n_slots, int n_expert_used, int n_expert, int shared_rows,
+                 bool shared_tiles, Tile* tiles, int* tile_count, int* row_token, int* slot_row) {
+  using Scan = cub::BlockScan<int, kGroupThreads>;
+  __shared__ typename Scan::TempStorage scan;
   extern __shared__ int cursor[];  // [n_expert]: counts, then each expert's next row
   for (int e = threadIdx.x; e < n_expert; e += blockDim.x) cursor[e] = 0;
   __syncthreads();
   for (int s = threadIdx.x; s < n_slots; s += blockDim.x)
     if (std::int32_t const e = routes[s]; e >= 0 && e < n_expert) atomicAdd(&cursor[e], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int row = shared_rows, n_tiles = 0;
-    for (int e = 0; e < n_expert; ++e) {
-      int const count = cursor[e];
-      for (int r = 0; r < count; r += kTokens) tiles[n_tiles++] = {e, row + r, min(kTokens, count - r)};
-      cursor[e] = row;
-      row += count;
-    }
-    *tile_count = n_tiles;
+  int const per = (n_expert + kGroupThreads - 1) / kGroupThreads;
+  int const e0 = min(static_cast<int>(threadIdx.x) * per, n_expert), e1 = min(e0 + per, n_expert);
+  int my_rows = 0, my_tiles = 0;
+  for (int e = e0; e < e1; ++e) my_rows += cursor[e], my_tiles += (cursor[e] + kTokens - 1) / kTokens;
+  int row = 0, tile = 0, n_tiles = 0;
+  Scan(scan).ExclusiveSum(my_rows, row);
+  __syncthreads();  // the scan's storage is reused
+  Scan(scan).ExclusiveSum(my_tiles, tile, n_tiles);
+  row += shared_rows;
+  if (shared_tiles) {  // the shared expert's rows first, as expert -1
+    int const n_shared = (shared_rows + kTokens - 1) / kTokens;
+    for (int i = threadIdx.x; i < n_shared; i += blockDim.x)
+      tiles[i] = {-1, i * kTokens, min(kTokens, shared_rows - i * kTokens)};
+    tile += n_shared;
+    n_tiles += n_shared;
   }
+  for (int e = e0; e < e1; ++e) {
+    int const count = cursor[e];
+    for (int r = 0; r < count; r += kTokens) tiles[tile++] = {e, row + r, min(kTokens, count - r)};
+    cursor[e] = row;
+    row += count;
+  }
+  if (threadIdx.x == 0) *tile_count = n_tiles;
   __syncthreads();
   for (int t = threadIdx.x; t < shared_rows; t += blockDim.x) row_token[t] = t;
   for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
@@ -91,6 +113,8 @@ enum class Pass {
 struct ProjectParams {
   StackedView w;   ///< gate, up or down
   StackedView up;  ///< kGateUp: up
+  /// The shared expert's w and up, for tiles of expert -1 (same format and shape as w, up).
+  StackedView shared_w, shared_up;
   /// The tiles: a device list (its length at *tile_count), or, when null, dense_rows rows of
   /// expert 0 from row 0 (the shared expert).
   Tile const* tiles;
@@ -103,12 +127,18 @@ struct ProjectParams {
   std::int64_t ys;
 };
 
-/// Steps 3 and 4. Grid: x output rows by kWarps, y tiles (strided).
+/// Output rows per warp: kGateUp's warp reads one row each of gate and up; the other passes'
+/// warps read two rows of their projection.
+__host__ __device__ constexpr int rows_per_warp(Pass pass) { return pass == Pass::kGateUp ? 1 : 2; }
+
+/// Steps 3 and 4. Grid: x output rows by kWarps * rows_per_warp, y tiles (strided).
 template <class Arch, WeightFormat kF, bool kAligned, Pass kPass>
 __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams const p) {
+  constexpr int kOut = rows_per_warp(kPass);
   int const lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (o >= p.w.first.rows) return;
+  std::int64_t const rows = p.w.first.rows;
+  std::int64_t const o0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kOut;
+  if (o0 >= rows) return;
   int const n_tiles = p.tiles ? *p.tile_count : (p.dense_rows + kTokens - 1) / kTokens;
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
     Tile const tile = p.tiles ? p.tiles[i] : Tile{0, i * kTokens, min(kTokens, p.dense_rows - i * kTokens)};
@@ -118,22 +148,35 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
       int const row = tile.row + (tt < tile.n ? tt : 0);
       x[tt] = p.x + static_cast<std::int64_t>(p.row_token ? p.row_token[row] : row) * p.xs;
     }
-    float acc[kTokens] = {};
-    linear_cuda::lane_dot<kF, kAligned>(p.w.at(tile.expert), o, x, tile.n, lane, acc);
-    float up[kTokens] = {};
-    if constexpr (kPass == Pass::kGateUp) linear_cuda::lane_dot<kF, kAligned>(p.up.at(tile.expert), o, x, tile.n, lane, up);
+    bool const is_shared = tile.expert < 0;
+    int const e = is_shared ? 0 : tile.expert;
+    WeightView const w = (is_shared ? p.shared_w : p.w).at(e);
+    linear_cuda::RowRef w_rows[2];
+    if constexpr (kPass == Pass::kGateUp) {
+      w_rows[0] = linear_cuda::row_ref<kF>(w, o0);
+      w_rows[1] = linear_cuda::row_ref<kF>((is_shared ? p.shared_up : p.up).at(e), o0);
+    } else {
+      w_rows[0] = linear_cuda::row_ref<kF>(w, o0);
+      w_rows[1] = linear_cuda::row_ref<kF>(w, min(o0 + 1, rows - 1));
+    }
+    float acc[2][kTokens] = {};
+    linear_cuda::lane_dot<kF, kAligned>(w_rows, w.cols, x, tile.n, lane, acc);
 #pragma unroll
     for (int tt = 0; tt < kTokens; ++tt) {
-      float const a = cuda::warp_sum(acc[tt]);
-      float const u = kPass == Pass::kGateUp ? cuda::warp_sum(up[tt]) : 0.0f;  // every lane takes part
+      float const a0 = cuda::warp_sum(acc[0][tt]);  // every lane takes part
+      float const a1 = cuda::warp_sum(acc[1][tt]);
       if (lane != 0 || tt >= tile.n) continue;
-      float& y = p.y[static_cast<std::int64_t>(tile.row + tt) * p.ys + o];
-      if constexpr (kPass == Pass::kGateUp)
-        y = cuda::silu(a) * u;
-      else if constexpr (kPass == Pass::kUpSwiglu)
-        y = cuda::silu(y) * a;
-      else
-        y = a;
+      float* y = p.y + static_cast<std::int64_t>(tile.row + tt) * p.ys + o0;
+      if constexpr (kPass == Pass::kGateUp) {
+        y[0] = cuda::silu(a0) * a1;
+      } else {
+#pragma unroll
+        for (int r = 0; r < kOut; ++r) {
+          if (o0 + r >= rows) break;
+          float const a = r == 0 ? a0 : a1;
+          y[r] = kPass == Pass::kUpSwiglu ? cuda::silu(y[r]) * a : a;
+        }
+      }
     }
   }
 }
@@ -155,7 +198,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// Pieces of one workspace, each 256-byte aligned: offsets first, then pointers.
+/// Pieces of the stream's workspace (common/stream_workspace.cuh), each 256-byte aligned:
+/// offsets first, then pointers.
 class Workspace {
  public:
   template <class T>
@@ -165,15 +209,12 @@ class Workspace {
     return at;
   }
   Status allocate(cudaStream_t stream) {
-    return cudaMallocAsync(&base_, std::max<std::size_t>(size_, 1), stream) == cudaSuccess ? Status::kSuccess
-                                                                                          : Status::kErrorCuda;
+    base_ = cuda::stream_workspace(stream, std::max<std::size_t>(size_, 1));
+    return base_ ? Status::kSuccess : Status::kErrorCuda;
   }
   template <class T>
   T* at(std::size_t offset) const {
     return reinterpret_cast<T*>(static_cast<std::byte*>(base_) + offset);
-  }
-  Status release(cudaStream_t stream) {
-    return !base_ || cudaFreeAsync(base_, stream) == cudaSuccess ? Status::kSuccess : Status::kErrorCuda;
   }
 
  private:
@@ -184,12 +225,15 @@ class Workspace {
 /// Launches project_kernel over at most max_tiles tiles, for w's format.
 template <class Arch, MoeSpec S>
 Status project(Pass pass, ProjectParams const& p, std::int64_t max_tiles, cudaStream_t stream) {
-  dim3 const grid(static_cast<unsigned>((p.w.first.rows + kWarps - 1) / kWarps),
+  std::int64_t const rows_per_block = std::int64_t{kWarps} * rows_per_warp(pass);
+  dim3 const grid(static_cast<unsigned>((p.w.first.rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(std::clamp<std::int64_t>(max_tiles, 1, kMaxTileBlocks)));
   auto vector_path = [&](StackedView const& w) {
     return linear_cuda::vector_path(w.first, p.x, p.xs) && w.data_stride % 16 == 0;
   };
-  bool const vec = vector_path(p.w) && (pass != Pass::kGateUp || vector_path(p.up));
+  bool const vec = vector_path(p.w) && (pass != Pass::kGateUp || vector_path(p.up)) &&
+                   (!p.shared_w.first.data || vector_path(p.shared_w)) &&
+                   (pass != Pass::kGateUp || !p.shared_up.first.data || vector_path(p.shared_up));
   return linear_cuda::with_format<S>(p.w.first.format, [&]<WeightFormat kF>() {
     auto go = [&]<bool kVec>() {
       switch (pass) {
@@ -239,14 +283,37 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   if (rows > INT32_MAX || n_expert * static_cast<std::int64_t>(sizeof(int)) > 48 * 1024)
     return Status::kErrorNotSupported;
   std::int64_t const d_model = routed.gate.first.cols;
-  std::int64_t const d_ff_max = std::max(routed.gate.first.rows, shared ? shared->gate.first.rows : 0);
+  // Rows of SwiGLU outputs d_ff_max apart, a multiple of 4 floats: the block formats' lanes
+  // read their rounded activations in aligned runs.
+  std::int64_t const d_ff_max = (std::max(routed.gate.first.rows, shared ? shared->gate.first.rows : 0) + 3) / 4 * 4;
   std::int64_t const max_tiles = (n_slots + kTokens - 1) / kTokens + std::min(n_expert, n_slots);
   std::int64_t const shared_tiles = (shared_rows + kTokens - 1) / kTokens;
+  // The passes of steps 3 and 4 run once for both sets when the shared expert has the routed
+  // experts' formats and shapes (its tiles lead the list), else once per set.
+  auto same = [](StackedView const& x, StackedView const& y) {
+    return x.first.format == y.first.format && x.first.rows == y.first.rows && x.first.cols == y.first.cols;
+  };
+  bool const merged = shared && same(shared->gate, routed.gate) && same(shared->up, routed.up) &&
+                      same(shared->down, routed.down);
+  struct Group {
+    Set const* set;
+    Set const* shared;  ///< in the tile list as expert -1, or null
+    bool listed;        ///< tiles from the list, else dense from row 0
+    std::int64_t row0, rows, tiles;
+  };
+  std::array<Group, 2> groups{};
+  int n_groups = 0;
+  if (merged) {
+    groups[n_groups++] = {&routed, &*shared, true, 0, rows, max_tiles + shared_tiles};
+  } else {
+    if (shared) groups[n_groups++] = {&*shared, nullptr, false, 0, shared_rows, shared_tiles};
+    groups[n_groups++] = {&routed, nullptr, true, shared_rows, n_slots, max_tiles};
+  }
 
   // Workspace: the grouping, the tokens rounded per rounding, SwiGLU outputs (and rounded),
   // the down projections of every row.
   Workspace ws;
-  std::size_t const tiles_at = ws.reserve<Tile>(max_tiles), tile_count_at = ws.reserve<int>(1),
+  std::size_t const tiles_at = ws.reserve<Tile>(max_tiles + (merged ? shared_tiles : 0)), tile_count_at = ws.reserve<int>(1),
                     row_token_at = ws.reserve<int>(rows), slot_row_at = ws.reserve<int>(n_slots),
                     act_at = ws.reserve<float>(rows * d_ff_max), y_at = ws.reserve<float>(rows * d_model);
   constexpr int kRoundings = 3;
@@ -279,7 +346,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     // 1. Grouping.
     group_kernel<Arch><<<1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream>>>(
         a.routes, static_cast<int>(n_slots), a.n_expert_used, static_cast<int>(n_expert), static_cast<int>(shared_rows),
-        tiles, tile_count, row_token, slot_row);
+        merged, tiles, tile_count, row_token, slot_row);
     if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
     // 2. The tokens rounded.
     for (int r = 1; r < kRoundings; ++r)
@@ -291,17 +358,15 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     // Unused routed rows stay zero for the rounding of step 4.
     if (cudaMemsetAsync(act, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
       return Status::kErrorCuda;
-    // 3. and 4., per set.
-    for (Set const* set : sets) {
-      if (!set) continue;
-      bool const is_shared = set != &routed;
-      std::int64_t const row0 = is_shared ? 0 : shared_rows, set_rows = is_shared ? shared_rows : n_slots;
+    // 3. and 4., per group.
+    for (int gi = 0; gi < n_groups; ++gi) {
+      Group const& g = groups[gi];
+      Set const* const set = g.set;
       std::int64_t const d_ff = set->gate.first.rows;
       ProjectParams p{};
-      p.tiles = is_shared ? nullptr : tiles;
+      p.tiles = g.listed ? tiles : nullptr;
       p.tile_count = tile_count;
-      p.dense_rows = static_cast<int>(shared_rows);
-      std::int64_t const set_tiles = is_shared ? shared_tiles : max_tiles;
+      p.dense_rows = static_cast<int>(g.rows);
       p.row_token = row_token;
       p.xs = d_model;
       p.y = act;
@@ -309,24 +374,28 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       WeightFormat const gf = set->gate.first.format, uf = set->up.first.format;
       if (gf == uf && a.fused_swiglu) {
         p.w = set->gate, p.up = set->up, p.x = input(xr_at, gf, a.x);
-        if (Status st = project<Arch, S>(Pass::kGateUp, p, set_tiles, stream); st != Status::kSuccess) return st;
+        if (g.shared) p.shared_w = g.shared->gate, p.shared_up = g.shared->up;
+        if (Status st = project<Arch, S>(Pass::kGateUp, p, g.tiles, stream); st != Status::kSuccess) return st;
       } else {
         p.w = set->gate, p.x = input(xr_at, gf, a.x);
-        if (Status st = project<Arch, S>(Pass::kGate, p, set_tiles, stream); st != Status::kSuccess) return st;
+        if (g.shared) p.shared_w = g.shared->gate;
+        if (Status st = project<Arch, S>(Pass::kGate, p, g.tiles, stream); st != Status::kSuccess) return st;
         p.w = set->up, p.x = input(xr_at, uf, a.x);
-        if (Status st = project<Arch, S>(Pass::kUpSwiglu, p, set_tiles, stream); st != Status::kSuccess) return st;
+        if (g.shared) p.shared_w = g.shared->up;
+        if (Status st = project<Arch, S>(Pass::kUpSwiglu, p, g.tiles, stream); st != Status::kSuccess) return st;
       }
       WeightFormat const df = set->down.first.format;
       if (Rounding const r = linear_cuda::rounding(df); r != Rounding::kNone)
-        if (Status st = linear_cuda::round_rows<Arch>(r, act + row0 * d_ff_max, d_ff_max, set_rows, d_ff,
-                                                       ws.at<float>(act_r_at[static_cast<int>(r)]) + row0 * d_ff_max,
+        if (Status st = linear_cuda::round_rows<Arch>(r, act + g.row0 * d_ff_max, d_ff_max, g.rows, d_ff,
+                                                       ws.at<float>(act_r_at[static_cast<int>(r)]) + g.row0 * d_ff_max,
                                                        d_ff_max, stream);
             st != Status::kSuccess)
           return st;
-      p.w = set->down, p.up = {};
+      p.w = set->down, p.up = {}, p.shared_up = {};
+      if (g.shared) p.shared_w = g.shared->down;
       p.row_token = nullptr, p.x = input(act_r_at, df, act), p.xs = d_ff_max;
       p.y = y, p.ys = d_model;
-      if (Status st = project<Arch, S>(Pass::kDown, p, set_tiles, stream); st != Status::kSuccess) return st;
+      if (Status st = project<Arch, S>(Pass::kDown, p, g.tiles, stream); st != Status::kSuccess) return st;
     }
     // 5. Combine.
     std::int64_t const values = a.n_tokens * d_model;
@@ -335,9 +404,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
                                                           a.n_expert_used, shared ? a.shared_weights : nullptr);
     return cuda::last_launch_status();
   };
-  Status status = run();
-  if (Status st = ws.release(stream); status == Status::kSuccess) status = st;
-  return status;
+  return run();
 }
 
 }  // namespace qflash::kernels::expert_ffn_cuda

@@ -1,16 +1,16 @@
 /// @file
-/// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh: the first, plain path of
-/// issue 12's per-format GEMV/GEMM (no tensor cores yet). A warp owns one output row and a
-/// tile of kTokens tokens, so each weight is read once per tile; lanes stride along the row
-/// and the warp sums. Sums are fp32.
-/// - Element formats (f32, bf16, f16, fp8 e4m3 with its 128x128 scales): 8 values per lane
-///   step with 16-byte loads when rows and activations are aligned, else one at a time.
+/// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh: the plain path of issue 12's
+/// per-format GEMV/GEMM (no tensor cores yet). A warp owns kRows output rows and a tile of
+/// kTokens tokens, so each weight is read once per tile; the lanes share each stretch of a
+/// row and the warp sums. Sums are fp32. Each lane keeps several 16-byte weight loads in flight.
+/// - Element formats (f32, bf16, f16, fp8 e4m3 with its 128x128 scales): 16 bytes per lane
+///   step when rows and activations are aligned, else one value at a time.
 /// - Block formats (q8_0, q4_k, q6_k, int4): the activations are first rounded as the CPU
-///   rounds them (ref::round_activations: q8_0 blocks of 32, q8_k blocks of 256) into a
-///   workspace from the stream's pool allocator; each lane then decodes whole weight blocks
-///   with the format's host-device dequantizer and multiplies them by the rounded activations,
-///   which is the reference's definition. Decoding in registers (the idea of Marlin) and
-///   integer dot products are the next step.
+///   rounds them (ref::round_activations: q8_0 blocks of 32, q8_k blocks of 256) into the
+///   stream's workspace (common/stream_workspace.cuh); the lanes of a warp then share each
+///   weight block and decode their values into registers (warp_blocks.hpp) with the
+///   dequantizer's float operations, and multiply them by the rounded activations, which is
+///   the reference's definition. Integer dot products are a later step.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,15 +20,26 @@
 #include <cstdint>
 
 #include "qflash/kernels/common/cuda.cuh"
+#include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/linear/op.hpp"
+#include "qflash/kernels/linear/warp_blocks.hpp"
 
 namespace qflash::kernels::linear_cuda {
 
 inline constexpr int kWarps = 8;
 inline constexpr int kThreads = 32 * kWarps;
-inline constexpr int kTokens = 4;  ///< tokens per warp pass
-inline constexpr int kVec = 8;     ///< values per lane step on the aligned path
+inline constexpr int kTokens = 4;   ///< tokens per warp pass
+inline constexpr int kRows = 2;     ///< output rows per warp in linear_kernel
 inline constexpr unsigned kMaxTokenTiles = 65535;
+
+/// Values of an element format in 16 bytes: one lane step of the aligned path.
+template <WeightFormat kF>
+inline constexpr int kLaneValues = 16 / static_cast<int>(row_bytes(kF, 1));
+/// Lane steps whose loads are issued before their products.
+template <WeightFormat kF>
+inline constexpr int kSteps = kF == WeightFormat::kFp8E4m3 ? 2 : 4;
+/// Blocks per lane whose loads are issued before their products (block formats).
+inline constexpr int kBlockSteps = 2;
 
 struct Params {
   WeightView w;
@@ -40,38 +51,155 @@ struct Params {
   bool accumulate;
 };
 
+/// Row `o` of an element-format view and its fp8 scales (null otherwise).
+struct RowRef {
+  std::byte const* data;
+  float const* scales;
+};
+template <WeightFormat kF>
+__device__ __forceinline__ RowRef row_ref(WeightView const& w, std::int64_t o) {
+  return {w.row(o), kF == WeightFormat::kFp8E4m3 ? w.scale_row(o) : nullptr};
+}
+
 /// Value i of an element-format row.
 template <WeightFormat kF>
-__device__ __forceinline__ float element(std::byte const* row, float const* scales, std::int64_t i) {
-  if constexpr (kF == WeightFormat::kF32) return reinterpret_cast<float const*>(row)[i];
-  if constexpr (kF == WeightFormat::kBf16) return to_float(Bf16{reinterpret_cast<std::uint16_t const*>(row)[i]});
-  if constexpr (kF == WeightFormat::kF16) return to_float(Fp16{reinterpret_cast<std::uint16_t const*>(row)[i]});
+__device__ __forceinline__ float element(RowRef r, std::int64_t i) {
+  if constexpr (kF == WeightFormat::kF32) return reinterpret_cast<float const*>(r.data)[i];
+  if constexpr (kF == WeightFormat::kBf16) return to_float(Bf16{reinterpret_cast<std::uint16_t const*>(r.data)[i]});
+  if constexpr (kF == WeightFormat::kF16) return to_float(Fp16{reinterpret_cast<std::uint16_t const*>(r.data)[i]});
   if constexpr (kF == WeightFormat::kFp8E4m3)
-    return to_float(Fp8E4m3{reinterpret_cast<std::uint8_t const*>(row)[i]}) * scales[i / kFp8BlockSize];
+    return to_float(Fp8E4m3{reinterpret_cast<std::uint8_t const*>(r.data)[i]}) * r.scales[i / kFp8BlockSize];
   return 0.0f;
 }
 
-/// Values [i, i + kVec) of an element-format row whose start is 16-byte aligned.
+/// The kLaneValues<kF> values in 16 loaded bytes that start at value i (fp8: scaled; the
+/// 128-column scale blocks hold whole lane steps).
 template <WeightFormat kF>
-__device__ __forceinline__ void elements8(std::byte const* row, float const* scales, std::int64_t i, float (&w)[kVec]) {
+__device__ __forceinline__ void unpack(uint4 v, RowRef r, std::int64_t i, float (&w)[kLaneValues<kF>]) {
+  std::uint32_t const words[4] = {v.x, v.y, v.z, v.w};
   if constexpr (kF == WeightFormat::kF32) {
-    float4 const a = reinterpret_cast<float4 const*>(row)[i / 4];
-    float4 const b = reinterpret_cast<float4 const*>(row)[i / 4 + 1];
-    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
-  } else if constexpr (kF == WeightFormat::kBf16 || kF == WeightFormat::kF16) {
-    uint4 const v = reinterpret_cast<uint4 const*>(row)[i / 8];
-    std::uint32_t const words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) {
+    for (int e = 0; e < 4; ++e) w[e] = __uint_as_float(words[e]);
+  } else if constexpr (kF == WeightFormat::kBf16 || kF == WeightFormat::kF16) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
       auto const bits = static_cast<std::uint16_t>(words[e / 2] >> (16 * (e % 2)));
       w[e] = kF == WeightFormat::kBf16 ? to_float(Bf16{bits}) : to_float(Fp16{bits});
     }
-  } else {  // fp8: 8 codes in 8 bytes, one scale (kVec divides the 128-column scale blocks)
-    uint2 const v = reinterpret_cast<uint2 const*>(row)[i / 8];
-    float const s = scales[i / kFp8BlockSize];
+  } else {
+    float const s = r.scales[i / kFp8BlockSize];
 #pragma unroll
-    for (int e = 0; e < kVec; ++e)
-      w[e] = to_float(Fp8E4m3{static_cast<std::uint8_t>((e < 4 ? v.x : v.y) >> (8 * (e % 4)))}) * s;
+    for (int e = 0; e < 16; ++e) w[e] = to_float(Fp8E4m3{static_cast<std::uint8_t>(words[e / 4] >> (8 * (e % 4)))}) * s;
+  }
+}
+
+/// n consecutive activations from p into v (n: 1, 2 or 4; p aligned to n floats when n > 1).
+template <int kN>
+__device__ __forceinline__ void load_run(float const* p, float* v) {
+  if constexpr (kN == 4) {
+    float4 const a = *reinterpret_cast<float4 const*>(p);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  } else if constexpr (kN == 2) {
+    float2 const a = *reinterpret_cast<float2 const*>(p);
+    v[0] = a.x, v[1] = a.y;
+  } else {
+    v[0] = *p;
+  }
+}
+
+/// Consecutive values a lane decodes from a block whose activations are aligned to them: q8_0
+/// and q4_k in fours, q6_k in pairs; int4 one at a time (its rows may have any length).
+template <WeightFormat kF>
+inline constexpr int kRun = kF == WeightFormat::kInt4 ? 1 : (kF == WeightFormat::kQ6K ? 2 : 4);
+
+/// This lane's share of row[r] · x[tt] for the first nt of kTokens tokens, added to acc[r][tt];
+/// the warp's sums of acc are the dot products. Element formats: kLaneValues columns per lane
+/// step when kAligned (16-byte aligned rows and activations, cols a multiple of kLaneValues),
+/// else one column; block formats: the warp shares blocks (WarpBlocks), over activations
+/// already rounded (round_kernel) in rows aligned to 16 bytes. x[tt] for tt >= nt must still
+/// point at readable memory (a valid token's row).
+template <WeightFormat kF, bool kAligned, int kR>
+__device__ __forceinline__ void lane_dot(RowRef const (&row)[kR], std::int64_t cols, float const* const (&x)[kTokens],
+                                         int nt, int lane, float (&acc)[kR][kTokens]) {
+  if constexpr (block_values(kF) == 1) {
+    if constexpr (kAligned) {
+      constexpr int kV = kLaneValues<kF>, kU = kSteps<kF>;
+      constexpr std::int64_t kStride = 32 * kV;
+      for (std::int64_t i0 = static_cast<std::int64_t>(lane) * kV; i0 < cols; i0 += kStride * kU) {
+        uint4 raw[kR][kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+          if (i0 + u * kStride < cols)
+#pragma unroll
+            for (int r = 0; r < kR; ++r) raw[r][u] = __ldg(reinterpret_cast<uint4 const*>(row[r].data) + (i0 + u * kStride) / kV);
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          std::int64_t const i = i0 + u * kStride;
+          if (i >= cols) break;
+          float wv[kR][kV];
+#pragma unroll
+          for (int r = 0; r < kR; ++r) unpack<kF>(raw[r][u], row[r], i, wv[r]);
+#pragma unroll
+          for (int tt = 0; tt < kTokens; ++tt) {
+            if (tt >= nt) break;
+            float xv[kV];
+#pragma unroll
+            for (int e = 0; e < kV; e += 4) load_run<4>(x[tt] + i + e, xv + e);
+#pragma unroll
+            for (int r = 0; r < kR; ++r)
+#pragma unroll
+              for (int e = 0; e < kV; ++e) acc[r][tt] = fmaf(wv[r][e], xv[e], acc[r][tt]);
+          }
+        }
+      }
+    } else {
+      for (std::int64_t i = lane; i < cols; i += 32) {
+        float wv[kR];
+#pragma unroll
+        for (int r = 0; r < kR; ++r) wv[r] = element<kF>(row[r], i);
+#pragma unroll
+        for (int tt = 0; tt < kTokens; ++tt) {
+          if (tt >= nt) break;
+          float const xv = x[tt][i];
+#pragma unroll
+          for (int r = 0; r < kR; ++r) acc[r][tt] = fmaf(wv[r], xv, acc[r][tt]);
+        }
+      }
+    }
+  } else {
+    using W = WarpBlocks<kF>;
+    constexpr int kBV = block_values(kF), kBlocks = kWarpBlocks<kF>, kU = kBlockSteps, kN = kRun<kF>;
+    constexpr std::int64_t kBlockBytes = row_bytes(kF, kBV);
+    int const part = lane % W::kLanesPerBlock;
+    std::int64_t const n_blocks = (cols + kBV - 1) / kBV;
+    for (std::int64_t b0 = lane / W::kLanesPerBlock; b0 < n_blocks; b0 += kBlocks * kU) {
+      float wv[kR][kU][W::kValues];
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (b0 + u * kBlocks < n_blocks)
+#pragma unroll
+          for (int r = 0; r < kR; ++r) W::decode(row[r].data + (b0 + u * kBlocks) * kBlockBytes, part, wv[r][u]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        std::int64_t const b = b0 + u * kBlocks;
+        if (b >= n_blocks) break;
+#pragma unroll
+        for (int tt = 0; tt < kTokens; ++tt) {
+          if (tt >= nt) break;
+#pragma unroll
+          for (int v = 0; v < W::kValues; v += kN) {
+            std::int64_t const i = b * kBV + W::index(part, v);
+            float xv[kN];
+            if (kF == WeightFormat::kInt4 && i >= cols) break;  // a short last group's padding
+            load_run<kN>(x[tt] + i, xv);
+#pragma unroll
+            for (int r = 0; r < kR; ++r)
+#pragma unroll
+              for (int e = 0; e < kN; ++e) acc[r][tt] = fmaf(wv[r][u][v + e], xv[e], acc[r][tt]);
+          }
+        }
+      }
+    }
   }
 }
 
@@ -80,81 +208,30 @@ __device__ __forceinline__ void store(Params const& p, std::int64_t t, std::int6
   out = p.accumulate ? v + out : v;
 }
 
-/// This lane's share of W[o] · x[tt] for the first nt of kTokens tokens, added to acc[tt]; the
-/// warp's sum of acc is the dot product. Element formats: kVec columns per lane step when
-/// kAligned (16-byte aligned rows and activations, cols a multiple of kVec), else one column;
-/// block formats: whole blocks per lane, over activations already rounded (round_kernel).
-/// x[tt] for tt >= nt must still point at readable memory (a valid token's row).
-template <WeightFormat kF, bool kAligned>
-__device__ __forceinline__ void lane_dot(WeightView const& w, std::int64_t o, float const* const (&x)[kTokens], int nt,
-                                         int lane, float (&acc)[kTokens]) {
-  std::int64_t const cols = w.cols;
-  std::byte const* row = w.row(o);
-  if constexpr (block_values(kF) == 1) {
-    float const* scales = kF == WeightFormat::kFp8E4m3 ? w.scale_row(o) : nullptr;
-    if constexpr (kAligned) {
-      for (std::int64_t i = static_cast<std::int64_t>(lane) * kVec; i < cols; i += 32 * kVec) {
-        float wv[kVec];
-        elements8<kF>(row, scales, i, wv);
-#pragma unroll
-        for (int tt = 0; tt < kTokens; ++tt) {
-          if (tt >= nt) break;
-          float4 const a = reinterpret_cast<float4 const*>(x[tt] + i)[0], b = reinterpret_cast<float4 const*>(x[tt] + i)[1];
-          float const xv[kVec] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) acc[tt] = fmaf(wv[e], xv[e], acc[tt]);
-        }
-      }
-    } else {
-      for (std::int64_t i = lane; i < cols; i += 32) {
-        float const wv = element<kF>(row, scales, i);
-#pragma unroll
-        for (int tt = 0; tt < kTokens; ++tt)
-          if (tt < nt) acc[tt] = fmaf(wv, x[tt][i], acc[tt]);
-      }
-    }
-  } else {
-    constexpr int kBV = block_values(kF);
-    std::int64_t const n_blocks = (cols + kBV - 1) / kBV;
-    for (std::int64_t b = lane; b < n_blocks; b += 32) {
-      int const n = static_cast<int>(std::min<std::int64_t>(kBV, cols - b * kBV));
-      float wv[kBV];
-      if constexpr (kF == WeightFormat::kQ8_0)
-        gguf::dequantize_row_q8_0(reinterpret_cast<gguf::BlockQ8_0 const*>(row) + b, static_cast<std::size_t>(n), wv);
-      else if constexpr (kF == WeightFormat::kQ4K)
-        gguf::dequantize_row_q4_k(reinterpret_cast<gguf::BlockQ4K const*>(row) + b, static_cast<std::size_t>(n), wv);
-      else if constexpr (kF == WeightFormat::kQ6K)
-        gguf::dequantize_row_q6_k(reinterpret_cast<gguf::BlockQ6K const*>(row) + b, static_cast<std::size_t>(n), wv);
-      else
-        dequantize_row_int4_g128(reinterpret_cast<BlockInt4G128 const*>(row) + b, static_cast<std::size_t>(n), wv);
-      for (int tt = 0; tt < kTokens; ++tt) {
-        if (tt >= nt) break;
-        float const* xb = x[tt] + b * kBV;
-        for (int e = 0; e < n; ++e) acc[tt] = fmaf(wv[e], xb[e], acc[tt]);
-      }
-    }
-  }
-}
-
-/// Grid: x rows by kWarps, y token tiles (strided). Block formats read p.x rounded.
+/// Grid: x rows by kWarps * kRows, y token tiles (strided). Block formats read p.x rounded.
 template <class Arch, WeightFormat kF, bool kAligned>
 __global__ void __launch_bounds__(kThreads) linear_kernel(Params const p) {
   int const lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (o >= p.w.rows) return;
+  std::int64_t const o0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kRows;
+  if (o0 >= p.w.rows) return;
+  RowRef rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rows[r] = row_ref<kF>(p.w, std::min<std::int64_t>(o0 + r, p.w.rows - 1));
   for (std::int64_t t0 = static_cast<std::int64_t>(blockIdx.y) * kTokens; t0 < p.n_tokens;
        t0 += static_cast<std::int64_t>(gridDim.y) * kTokens) {
     int const nt = static_cast<int>(std::min<std::int64_t>(kTokens, p.n_tokens - t0));
     float const* x[kTokens];
 #pragma unroll
     for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + (t0 + (tt < nt ? tt : 0)) * p.xs;
-    float acc[kTokens] = {};
-    lane_dot<kF, kAligned>(p.w, o, x, nt, lane, acc);
+    float acc[kRows][kTokens] = {};
+    lane_dot<kF, kAligned>(rows, p.w.cols, x, nt, lane, acc);
 #pragma unroll
-    for (int tt = 0; tt < kTokens; ++tt) {
-      float const s = cuda::warp_sum(acc[tt]);
-      if (lane == 0 && tt < nt) store(p, t0 + tt, o, s);
-    }
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int tt = 0; tt < kTokens; ++tt) {
+        float const s = cuda::warp_sum(acc[r][tt]);
+        if (lane == 0 && tt < nt && o0 + r < p.w.rows) store(p, t0 + tt, o0 + r, s);
+      }
   }
 }
 
@@ -234,13 +311,13 @@ inline bool aligned16(void const* p) { return reinterpret_cast<std::uintptr_t>(p
 
 /// Whether lane_dot's vector path may read w's rows with activations at x, rows xs apart.
 inline bool vector_path(WeightView const& w, void const* x, std::int64_t xs) {
-  return block_values(w.format) == 1 && w.cols % kVec == 0 && aligned16(w.data) && w.row_bytes() % 16 == 0 &&
-         aligned16(x) && xs % 4 == 0;
+  return block_values(w.format) == 1 && w.cols * row_bytes(w.format, 1) % 16 == 0 && aligned16(w.data) &&
+         w.row_bytes() % 16 == 0 && aligned16(x) && xs % 4 == 0;
 }
 
 template <class Arch, WeightFormat kF>
 Status launch_format(Params p, cudaStream_t stream) {
-  dim3 const grid(static_cast<unsigned>((p.w.rows + kWarps - 1) / kWarps),
+  dim3 const grid(static_cast<unsigned>((p.w.rows + kWarps * kRows - 1) / (kWarps * kRows)),
                   static_cast<unsigned>(std::min<std::int64_t>((p.n_tokens + kTokens - 1) / kTokens, kMaxTokenTiles)));
   if constexpr (block_values(kF) == 1) {
     if (vector_path(p.w, p.x, p.xs))
@@ -250,18 +327,15 @@ Status launch_format(Params p, cudaStream_t stream) {
     return cuda::last_launch_status();
   } else {
     std::int64_t const cols = p.w.cols;
-    void* rounded = nullptr;
-    if (cudaMallocAsync(&rounded, static_cast<std::size_t>(p.n_tokens * cols) * sizeof(float), stream) != cudaSuccess)
-      return Status::kErrorCuda;
-    Status status = round_rows<Arch>(rounding(kF), p.x, p.xs, p.n_tokens, cols, static_cast<float*>(rounded), cols, stream);
-    if (status == Status::kSuccess) {
-      p.x = static_cast<float const*>(rounded);
-      p.xs = cols;
-      linear_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
-      status = cuda::last_launch_status();
-    }
-    if (cudaFreeAsync(rounded, stream) != cudaSuccess) status = Status::kErrorCuda;
-    return status;
+    void* const rounded = cuda::stream_workspace(stream, static_cast<std::size_t>(p.n_tokens * cols) * sizeof(float));
+    if (!rounded) return Status::kErrorCuda;
+    if (Status s = round_rows<Arch>(rounding(kF), p.x, p.xs, p.n_tokens, cols, static_cast<float*>(rounded), cols, stream);
+        s != Status::kSuccess)
+      return s;
+    p.x = static_cast<float const*>(rounded);
+    p.xs = cols;
+    linear_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
+    return cuda::last_launch_status();
   }
 }
 

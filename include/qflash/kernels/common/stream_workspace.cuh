@@ -1,0 +1,72 @@
+/// @file
+/// Device scratch for the launches on one CUDA stream: the CUDA ops' temporary buffers
+/// (rounded activations, the experts' grouping, attention's key splits). Each op takes it in
+/// turn: stream order keeps one op's kernels from overlapping the next op's, so each may use
+/// all of it, and a step's launches allocate nothing (a CUDA graph of them holds no memory
+/// nodes). It grows in stream order (the old buffer is freed after the work queued before
+/// it), never while the stream is being captured into a graph: there an op that needs more
+/// gets null and fails, and the caller runs the step uncaptured once. Host code (CUDA runtime
+/// API only); one host thread per stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <utility>
+
+namespace qflash::kernels::cuda {
+
+namespace detail {
+struct StreamBuffer {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+/// Buffers by (device, stream): the legacy stream's handle is null on every device.
+struct StreamBuffers {
+  std::mutex mutex;
+  std::map<std::pair<int, cudaStream_t>, StreamBuffer> buffers;
+};
+inline StreamBuffers& stream_buffers() {
+  static StreamBuffers b;  // a stream's buffer lives until it is released, else to the process's end
+  return b;
+}
+}  // namespace detail
+
+/// At least `bytes` bytes of device memory for work queued on `stream` (the current device's),
+/// until the next call for that stream; null when it must grow while the stream is being
+/// captured, or the allocation failed.
+inline void* stream_workspace(cudaStream_t stream, std::size_t bytes) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  detail::StreamBuffers& all = detail::stream_buffers();
+  std::lock_guard lock(all.mutex);
+  detail::StreamBuffer& b = all.buffers[{device, stream}];
+  if (bytes <= b.bytes && b.data) return b.data;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
+  constexpr std::size_t kGranule = std::size_t{1} << 20;
+  std::size_t const want = (std::max({bytes, 2 * b.bytes, kGranule}) + kGranule - 1) / kGranule * kGranule;
+  void* p = nullptr;
+  if (cudaMallocAsync(&p, want, stream) != cudaSuccess) return nullptr;
+  if (b.data) cudaFreeAsync(b.data, stream);
+  b = {p, want};
+  return p;
+}
+
+/// Frees `stream`'s workspace on the current device, after the work queued on it (call before
+/// destroying the stream).
+inline void release_stream_workspace(cudaStream_t stream) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return;
+  detail::StreamBuffers& all = detail::stream_buffers();
+  std::lock_guard lock(all.mutex);
+  auto const it = all.buffers.find({device, stream});
+  if (it == all.buffers.end()) return;
+  if (it->second.data) cudaFreeAsync(it->second.data, stream);
+  all.buffers.erase(it);
+}
+
+}  // namespace qflash::kernels::cuda

@@ -29,6 +29,7 @@
 #include "qflash/arch/arch.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/core/memory.hpp"
+#include "qflash/core/step_recorder.hpp"
 #include "qflash/kernels/add_rmsnorm/op.hpp"
 #include "qflash/kernels/embedding/op.hpp"
 #include "qflash/model/cache.hpp"
@@ -55,6 +56,9 @@ struct ModelOptions {
   /// Where scratch, batch arrays and new sequences' caches live (null: host memory); a CUDA
   /// arch's model needs its device's (runtime/cuda/memory.hpp).
   std::shared_ptr<Memory> memory;
+  /// Records a step's kernels and launches them as one (null: each launched on its own). Used
+  /// for a step of the same shape as the one before, when nothing observes the step.
+  std::shared_ptr<StepRecorder> recorder;
 };
 
 enum class LogitsFor { kAllTokens, kLastToken };
@@ -175,62 +179,71 @@ class Model {
       observe(index, {rows, static_cast<std::size_t>(T * d)});
     };
 
-    kernels::EmbeddingArgs e{};
-    e.table = w_.embed;
-    e.tokens = batch_.on_device.tokens;
-    e.y = h;
-    e.n_tokens = T;
-    check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding");
-    for (std::size_t i = 0; i < seqs.size(); ++i)  // adapters that replace the embedding table
-      if (LoraAdapter const* ad = batch_.seq_adapter[i]; ad && ad->embed) {
-        e.table = *ad->embed;
-        e.tokens = batch_.on_device.tokens + batch_.begin[i];
-        e.y = h + batch_.begin[i] * d;
-        e.n_tokens = batch_.rows_of(i);
-        check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding (LoRA modules_to_save)");
-      }
-    seen(0, h);
-
-    // AddInNorm: each residual add (h += mixer, h += moe) is fused into the norm after it.
-    // AddInProjection: the mixer's output projection and the experts' combine add into h.
-    constexpr bool in_norm = Fusion::add_in_norm;
-    float* const out = in_norm ? mix : h;
-    for (std::size_t l = 0; l < w_.layers.size(); ++l) {
-      LayerWeights const& lw = w_.layers[l];
-      if (l == 0 || !in_norm)
-        norm(h, nullptr, lw.input_norm, xn, T);
-      else
-        norm(mix, h, lw.input_norm, xn, T);  // h += moe of layer l - 1; xn = norm(h)
-      if (l > 0) seen(static_cast<int>(l), h);
-      std::visit([&](auto const& mixer) { mixer.forward(batch_, xn, out, scratch_, stream, !in_norm); }, mixers_[l]);
-      norm(in_norm ? mix : h, in_norm ? h : nullptr, lw.post_norm, xn, T);  // (h += mixer;) xn = norm(h)
-      moe_[l].forward(batch_, xn, out, scratch_, stream, !in_norm, Fusion::fused_swiglu);
-    }
-    norm(in_norm ? mix : h, in_norm ? h : nullptr, w_.final_norm, xn, T);
-    seen(cfg_.n_layer, h);
-    seen(cfg_.n_layer + 1, xn);
-
     // Logits of the rows asked for: every row, or each sequence's last (gathered into mix).
-    float const* rows = xn;
-    std::int64_t n_rows = T;
-    if (which == LogitsFor::kLastToken) {
-      for (std::size_t i = 0; i < seqs.size(); ++i)
-        mem.copy(mix + static_cast<std::int64_t>(i) * d, xn + (batch_.begin[i + 1] - 1) * d,
-                 static_cast<std::size_t>(d) * sizeof(float), stream);
-      rows = mix;
-      n_rows = static_cast<std::int64_t>(seqs.size());
-    }
+    std::int64_t const n_rows = which == LogitsFor::kLastToken ? static_cast<std::int64_t>(seqs.size()) : T;
     logits.resize(static_cast<std::size_t>(n_rows * cfg_.vocab));
     // A device model projects into its memory, then brings the logits to the host.
     float* const out_logits = Arch::is_cuda ? scratch_.sized(logits_, n_rows * cfg_.vocab) : logits.data();
-    project<S, Arch>(w_.lm_head, rows, n_rows, out_logits, stream, "lm_head");
-    for (std::size_t i = 0; i < seqs.size(); ++i)  // adapters that replace lm_head: their rows again
-      if (LoraAdapter const* ad = batch_.seq_adapter[i]; ad && ad->lm_head) {
-        bool const all = which == LogitsFor::kAllTokens;
-        std::int64_t const r0 = all ? batch_.begin[i] : static_cast<std::int64_t>(i);
-        project<S, Arch>(*ad->lm_head, rows + r0 * d, all ? batch_.rows_of(i) : 1, out_logits + r0 * cfg_.vocab,
-                         stream, "lm_head (LoRA modules_to_save)");
+
+    // The step's device work, from the embedding to the logits: recorded and launched as one
+    // when it has the shape of the step before (scratch sized already) and nothing observes it.
+    auto enqueue = [&] {
+      kernels::EmbeddingArgs e{};
+      e.table = w_.embed;
+      e.tokens = batch_.on_device.tokens;
+      e.y = h;
+      e.n_tokens = T;
+      check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding");
+      for (std::size_t i = 0; i < seqs.size(); ++i)  // adapters that replace the embedding table
+        if (LoraAdapter const* ad = batch_.seq_adapter[i]; ad && ad->embed) {
+          e.table = *ad->embed;
+          e.tokens = batch_.on_device.tokens + batch_.begin[i];
+          e.y = h + batch_.begin[i] * d;
+          e.n_tokens = batch_.rows_of(i);
+          check_launch(kernels::launch_embedding<S>(Arch{}, e, stream), "embedding (LoRA modules_to_save)");
+        }
+      seen(0, h);
+
+      // AddInNorm: each residual add (h += mixer, h += moe) is fused into the norm after it.
+      // AddInProjection: the mixer's output projection and the experts' combine add into h.
+      constexpr bool in_norm = Fusion::add_in_norm;
+      float* const out = in_norm ? mix : h;
+      for (std::size_t l = 0; l < w_.layers.size(); ++l) {
+        LayerWeights const& lw = w_.layers[l];
+        if (l == 0 || !in_norm)
+          norm(h, nullptr, lw.input_norm, xn, T);
+        else
+          norm(mix, h, lw.input_norm, xn, T);  // h += moe of layer l - 1; xn = norm(h)
+        if (l > 0) seen(static_cast<int>(l), h);
+        std::visit([&](auto const& mixer) { mixer.forward(batch_, xn, out, scratch_, stream, !in_norm); }, mixers_[l]);
+        norm(in_norm ? mix : h, in_norm ? h : nullptr, lw.post_norm, xn, T);  // (h += mixer;) xn = norm(h)
+        moe_[l].forward(batch_, xn, out, scratch_, stream, !in_norm, Fusion::fused_swiglu);
       }
+      norm(in_norm ? mix : h, in_norm ? h : nullptr, w_.final_norm, xn, T);
+      seen(cfg_.n_layer, h);
+      seen(cfg_.n_layer + 1, xn);
+
+      float const* rows = xn;
+      if (which == LogitsFor::kLastToken) {
+        for (std::size_t i = 0; i < seqs.size(); ++i)
+          mem.copy(mix + static_cast<std::int64_t>(i) * d, xn + (batch_.begin[i + 1] - 1) * d,
+                   static_cast<std::size_t>(d) * sizeof(float), stream);
+        rows = mix;
+      }
+      project<S, Arch>(w_.lm_head, rows, n_rows, out_logits, stream, "lm_head");
+      for (std::size_t i = 0; i < seqs.size(); ++i)  // adapters that replace lm_head: their rows again
+        if (LoraAdapter const* ad = batch_.seq_adapter[i]; ad && ad->lm_head) {
+          bool const all = which == LogitsFor::kAllTokens;
+          std::int64_t const r0 = all ? batch_.begin[i] : static_cast<std::int64_t>(i);
+          project<S, Arch>(*ad->lm_head, rows + r0 * d, all ? batch_.rows_of(i) : 1, out_logits + r0 * cfg_.vocab,
+                           stream, "lm_head (LoRA modules_to_save)");
+        }
+    };
+    StepShape const shape{T, static_cast<std::int64_t>(seqs.size()), which};
+    bool const recordable = opts_.recorder && !observe && !opts_.on_route && shape == last_shape_;
+    last_shape_ = shape;
+    if (!recordable || !opts_.recorder->run(stream, enqueue)) enqueue();
+
     if (out_logits != logits.data()) mem.copy(logits.data(), out_logits, logits.size() * sizeof(float), stream);
     mem.synchronize(stream);
     // Garbage in the weights shows here first; the scan costs far less than the lm_head GEMV.
@@ -368,7 +381,16 @@ class Model {
   std::vector<std::variant<Attention, DeltaNet>> mixers_;
   std::vector<MoeBlock<S, Arch>> moe_;
 
+  /// What decides a step's launches besides its data: a step of the shape of the one before
+  /// reuses the scratch sized by it.
+  struct StepShape {
+    std::int64_t n_tokens = -1, n_seqs = 0;
+    LogitsFor which = LogitsFor::kAllTokens;
+    bool operator==(StepShape const&) const = default;
+  };
+
   // Per-call state, reused across calls.
+  StepShape last_shape_;
   Batch batch_;
   Scratch scratch_;
   MemoryVector<float> h_, xn_, mix_, logits_;

@@ -2,7 +2,8 @@
 /// A CUDA device's memory for a model's working state (core/memory.hpp): CUDA managed memory,
 /// so the kernels read it on the device and the host may read a router's choices or grow a
 /// block table after a wait, without explicit copies; copies and zeroing go on the model's
-/// stream.
+/// stream. It also owns a stream on the device for a model's work, made when first asked for
+/// (stream()).
 ///
 /// Host code that calls the CUDA runtime API: include it only where CUDA is enabled and link
 /// CUDA::cudart (host-only builds never see it).
@@ -16,6 +17,7 @@
 
 #include "qflash/core/error.hpp"
 #include "qflash/core/memory.hpp"
+#include "qflash/kernels/common/stream_workspace.cuh"
 
 namespace qflash::runtime {
 
@@ -32,8 +34,26 @@ class CudaManagedMemory final : public Memory {
     check_cuda(cudaGetDeviceCount(&n), "counting CUDA devices");
     QFLASH_CHECK(device >= 0 && device < n, "CUDA device ", device, " does not exist (", n, " found)");
   }
+  CudaManagedMemory(CudaManagedMemory const&) = delete;
+  CudaManagedMemory& operator=(CudaManagedMemory const&) = delete;
+  ~CudaManagedMemory() override {
+    if (!stream_) return;
+    cudaSetDevice(device_);  // no throw here: a failure leaves the stream to the process's end
+    kernels::cuda::release_stream_workspace(stream_);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
 
   [[nodiscard]] int device() const { return device_; }
+  /// A stream of this memory's device for a model's work (the kernels' workspace is per
+  /// stream); blocking, so it is ordered after work on the legacy default stream.
+  [[nodiscard]] stream_t stream() {
+    if (!stream_) {
+      activate();
+      check_cuda(cudaStreamCreate(&stream_), "creating a stream on CUDA device " + std::to_string(device_));
+    }
+    return stream_;
+  }
   [[nodiscard]] bool on_device() const override { return true; }
   void activate() override { check_cuda(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")"); }
   // Each operation makes the device current first: callers outside a forward (a sequence's
@@ -69,6 +89,7 @@ class CudaManagedMemory final : public Memory {
   [[nodiscard]] bool do_is_equal(std::pmr::memory_resource const& o) const noexcept override { return this == &o; }
 
   int device_;
+  cudaStream_t stream_ = nullptr;
 };
 
 inline std::shared_ptr<Memory> cuda_memory(int device) { return std::make_shared<CudaManagedMemory>(device); }

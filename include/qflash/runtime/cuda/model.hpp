@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <span>
@@ -18,6 +19,7 @@
 #include "qflash/arch/select.hpp"
 #include "qflash/core/error.hpp"
 #include "qflash/runtime/cuda/device_weights.hpp"
+#include "qflash/runtime/cuda/graph.hpp"
 #include "qflash/runtime/cuda/memory.hpp"
 #include "qflash/runtime/dispatch.hpp"
 #include "qflash/runtime/load_model.hpp"
@@ -51,15 +53,26 @@ inline arch::ArchId cuda_arch_for(int device, std::span<arch::ArchId const> comp
   return *a;
 }
 
+/// Whether forward steps run as CUDA graphs (runtime/cuda/graph.hpp): only when the
+/// environment sets QFLASH_CUDA_GRAPHS=1, until they have run on a GPU (none has yet).
+inline bool cuda_graphs_enabled() {
+  char const* v = std::getenv("QFLASH_CUDA_GRAPHS");
+  return v && std::string(v) == "1";
+}
+
 /// `m` as Model<S, Arch> on CUDA device `device`: weights uploaded (a progress bar when asked),
-/// working memory on the device (it replaces any opts.memory). The host copy of the weights
-/// is dropped.
+/// working memory on the device (it replaces any opts.memory). Its steps are recorded as CUDA
+/// graphs by opts.recorder, or by a CudaGraphRecorder when cuda_graphs_enabled(), on the
+/// memory's stream unless opts.stream names one; without a recorder its work goes on
+/// opts.stream (default: the legacy stream). The host copy of the weights is dropped.
 template <MoeSpec S, class Arch>
   requires(Arch::is_cuda)
 std::unique_ptr<model::Model<S, Arch>> make_cuda_model(LoadedModel m, int device, model::ModelOptions opts,
                                                       bool progress) {
   auto memory = std::make_shared<CudaManagedMemory>(device);
   memory->activate();
+  if (!opts.recorder && cuda_graphs_enabled()) opts.recorder = std::make_shared<CudaGraphRecorder>();
+  if (opts.recorder && !opts.stream) opts.stream = memory->stream();  // the legacy stream is not recorded
   DeviceModelWeights dw = upload_weights(m.weights, device, progress);
   m.weights = {};
   m.storage.reset();

@@ -51,7 +51,7 @@ struct Params {
   bool accumulate;
 };
 
-/// Row `o` of an element-format view and its fp8 scales (null otherwise).
+/// Row `o` of a view, and its fp8 scales (null for the other formats).
 struct RowRef {
   std::byte const* data;
   float const* scales;

@@ -7,11 +7,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "qflash/core/memory.hpp"
+#include "qflash/core/step_recorder.hpp"
 #include "qflash/io/safetensors.hpp"
 #include "qflash/model/model.hpp"
 #include "qflash/runtime/load_model.hpp"
@@ -415,6 +418,68 @@ TEST_CASE("working memory: scratch, batch arrays, KV and states come from the mo
     s.reset();
   }
   CHECK(counting->held == 0);  // everything went back where it came from
+}
+
+namespace {
+
+/// A StepRecorder on the host: counts the steps it is offered and runs them itself when it
+/// accepts, else declines them (the model must then run them plainly).
+class CountingRecorder final : public StepRecorder {
+ public:
+  explicit CountingRecorder(bool accept) : accept_(accept) {}
+  bool run(stream_t, std::function<void()> const& enqueue) override {
+    ++offered;
+    if (!accept_) return false;
+    enqueue();
+    return true;
+  }
+  int offered = 0;
+
+ private:
+  bool accept_;
+};
+
+}  // namespace
+
+TEST_CASE("step recorder: offered each unobserved step shaped like the one before; a declined step runs plainly") {
+  Fixture fx("qwen3_5_moe_tiny");
+  auto const ids = fx.prompt(2);
+  REQUIRE(ids.size() >= 3);
+  auto plain = load(fx.dir, opts());
+  auto const want = incremental_logits(*plain, ids);
+  auto const want_full = full_logits(*plain, ids);
+  for (bool const accept : {true, false}) {
+    CAPTURE(accept);
+    auto recorder = std::make_shared<CountingRecorder>(accept);
+    auto o = opts();
+    o.model.recorder = recorder;
+    auto m = load(fx.dir, o);
+    CHECK(incremental_logits(*m, ids) == want);
+    // One token a step: each step after the first has the shape of the one before.
+    CHECK(recorder->offered == static_cast<int>(ids.size()) - 1);
+
+    auto state = m->new_sequence();
+    model::SequenceChunk c{ids, &state};
+    std::vector<float> logits;
+    int const offered = recorder->offered;
+    m->forward(std::span(&c, 1), model::LogitsFor::kAllTokens, logits);  // a new shape
+    CHECK(logits == want_full);
+    CHECK(recorder->offered == offered);
+
+    auto again = m->new_sequence();
+    c = {ids, &again};
+    int seen = 0;
+    m->forward(std::span(&c, 1), model::LogitsFor::kAllTokens, logits,
+               [&](int, std::span<float const>) { ++seen; });  // observed: the same shape, not offered
+    CHECK(seen > 0);
+    CHECK(logits == want_full);
+    CHECK(recorder->offered == offered);
+    auto third = m->new_sequence();
+    c = {ids, &third};
+    m->forward(std::span(&c, 1), model::LogitsFor::kAllTokens, logits);  // the same shape again
+    CHECK(logits == want_full);
+    CHECK(recorder->offered == offered + 1);
+  }
 }
 
 TEST_CASE("working memory: a model refuses memory of the wrong kind") {

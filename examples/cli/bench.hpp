@@ -582,6 +582,7 @@ inline int cmd_bench(BenchOptions o) {
           for (int n : o.n_gen) run_test("tg" + std::to_string(n), 0, n, d, b);
         }
     }
+    if (StepRecorder const* rec = m.recorder()) std::fprintf(stderr, "bench: %s\n", rec->summary().c_str());
   };
   with_model_on(device, std::move(loaded), model_opts, bench_model);
 

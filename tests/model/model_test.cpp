@@ -433,6 +433,7 @@ class CountingRecorder final : public StepRecorder {
     enqueue();
     return true;
   }
+  [[nodiscard]] std::string summary() const override { return std::to_string(offered) + " steps offered"; }
   int offered = 0;
 
  private:

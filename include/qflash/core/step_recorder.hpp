@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "qflash/core/config.hpp"
 
@@ -17,6 +18,8 @@ class StepRecorder {
   /// record on `stream`. False when it could not be recorded: then nothing was queued and
   /// the caller runs `enqueue` plainly (an error it throws again then is a real one).
   virtual bool run(stream_t stream, std::function<void()> const& enqueue) = 0;
+  /// What it has done so far, in a line (e.g. how many steps were recorded).
+  [[nodiscard]] virtual std::string summary() const = 0;
 };
 
 }  // namespace qflash

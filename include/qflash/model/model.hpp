@@ -138,6 +138,8 @@ class Model {
     opts_.lora = std::move(a);
   }
   [[nodiscard]] LoraAdapter const* lora() const { return opts_.lora.get(); }
+  /// The recorder of this model's steps (ModelOptions::recorder), or null.
+  [[nodiscard]] StepRecorder const* recorder() const { return opts_.recorder.get(); }
   /// Throws Error unless `a` fits this model and this instance can run it.
   void check_lora(LoraAdapter const& a) const {
     QFLASH_CHECK(!Arch::is_cuda, "LoRA adapters run on the CPU only: their weights are not uploaded to a ",

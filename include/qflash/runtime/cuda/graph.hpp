@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "qflash/core/error.hpp"
 #include "qflash/core/step_recorder.hpp"
@@ -73,6 +74,11 @@ class CudaGraphRecorder final : public StepRecorder {
   [[nodiscard]] std::int64_t updates() const { return updates_; }
   [[nodiscard]] std::int64_t instantiations() const { return instantiations_; }
   [[nodiscard]] std::int64_t failures() const { return failures_; }
+  [[nodiscard]] std::string summary() const override {
+    return "CUDA graphs: " + std::to_string(updates_ + instantiations_) + " steps run as a graph (" +
+           std::to_string(instantiations_) + " instantiated, " + std::to_string(updates_) + " updated), " +
+           std::to_string(failures_) + " not recorded";
+  }
 
  private:
   bool failed() {

@@ -1,7 +1,7 @@
 /// @file
 /// Records the device work of a model's forward step and launches it as one unit: on CUDA a
-/// graph (runtime/cuda/graph.hpp), so a decode step's hundred-odd small kernels cost one
-/// launch from the host. A CPU model has none.
+/// graph (runtime/cuda/graph.hpp), so a decode step's many small kernels (73 on the synthetic
+/// Qwen3.6 shape with 4 layers) cost one launch from the host. A CPU model has none.
 #pragma once
 
 #include <functional>

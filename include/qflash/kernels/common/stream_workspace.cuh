@@ -47,8 +47,10 @@ inline void* stream_workspace(cudaStream_t stream, std::size_t bytes) {
   if (bytes <= b.bytes && b.data) return b.data;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
-  constexpr std::size_t kGranule = std::size_t{1} << 20;
-  std::size_t const want = (std::max({bytes, 2 * b.bytes, kGranule}) + kGranule - 1) / kGranule * kGranule;
+  // At least 8 MiB: a decode step's needs (attention's 128 key splits of 16 heads of 256 take
+  // 2 MiB) are met at once, so a step recorded later does not have to grow it.
+  constexpr std::size_t kGranule = std::size_t{1} << 20, kFirst = 8 * kGranule;
+  std::size_t const want = (std::max({bytes, 2 * b.bytes, kFirst}) + kGranule - 1) / kGranule * kGranule;
   void* p = nullptr;
   if (cudaMallocAsync(&p, want, stream) != cudaSuccess) return nullptr;
   if (b.data) cudaFreeAsync(b.data, stream);

@@ -9,6 +9,7 @@
 /// so the values equal dequantize_row's. Host-device code: tests check it on the host.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -44,8 +45,9 @@ struct WarpBlocks<WeightFormat::kQ8_0> {
   static constexpr int kValues = 4;
   QFLASH_HD static constexpr int index(int part, int v) { return 4 * part + v; }
   QFLASH_HD static void decode(std::byte const* block, int part, float (&w)[kValues]) {
-    float const d = detail::fp16_at(block);
-    std::uint32_t const q = detail::load_u16(block + 2 + 4 * part) | std::uint32_t{detail::load_u16(block + 4 + 4 * part)} << 16;
+    float const d = detail::fp16_at(block + offsetof(gguf::BlockQ8_0, d));
+    std::byte const* const codes = block + offsetof(gguf::BlockQ8_0, qs) + 4 * part;
+    std::uint32_t const q = detail::load_u16(codes) | std::uint32_t{detail::load_u16(codes + 2)} << 16;
     for (int v = 0; v < kValues; ++v) w[v] = static_cast<float>(static_cast<std::int8_t>(q >> (8 * v))) * d;
   }
 };
@@ -61,10 +63,10 @@ struct WarpBlocks<WeightFormat::kQ4K> {
     return 64 * (part / 8) + 32 * (v / 4) + 4 * (part % 8) + v % 4;
   }
   QFLASH_HD static void decode(std::byte const* block, int part, float (&w)[kValues]) {
-    float const d = detail::fp16_at(block);
-    float const dmin = detail::fp16_at(block + 2);
-    auto const* scales = reinterpret_cast<std::uint8_t const*>(block + 4);
-    std::byte const* const codes = block + 4 + gguf::kQ4KScaleBytes + 4 * part;
+    float const d = detail::fp16_at(block + offsetof(gguf::BlockQ4K, d));
+    float const dmin = detail::fp16_at(block + offsetof(gguf::BlockQ4K, dmin));
+    auto const* scales = reinterpret_cast<std::uint8_t const*>(block + offsetof(gguf::BlockQ4K, scales));
+    std::byte const* const codes = block + offsetof(gguf::BlockQ4K, qs) + 4 * part;
     std::uint32_t const q = detail::load_u16(codes) | std::uint32_t{detail::load_u16(codes + 2)} << 16;
     for (int half = 0; half < 2; ++half) {
       gguf::Q4KScaleMin const sm = gguf::q4_k_scale_min(scales, 2 * (part / 8) + half);
@@ -84,13 +86,12 @@ struct WarpBlocks<WeightFormat::kQ6K> {
   static constexpr int kValues = 8;
   QFLASH_HD static constexpr int index(int part, int v) { return 128 * (part / 16) + 32 * (v / 2) + 2 * (part % 16) + v % 2; }
   QFLASH_HD static void decode(std::byte const* block, int part, float (&w)[kValues]) {
-    constexpr int kQh = gguf::kQ6KBlockSize / 2, kScales = kQh + gguf::kQ6KBlockSize / 4;
-    constexpr int kD = kScales + gguf::kQ6KSubBlocks;
     int const h = part / 16, l = 2 * (part % 16);
-    float const d = detail::fp16_at(block + kD);
-    std::uint32_t const ql[2] = {detail::load_u16(block + 64 * h + l), detail::load_u16(block + 64 * h + 32 + l)};
-    std::uint32_t const qh = detail::load_u16(block + kQh + 32 * h + l);
-    auto const* sc = reinterpret_cast<std::int8_t const*>(block + kScales + 8 * h + l / 16);
+    float const d = detail::fp16_at(block + offsetof(gguf::BlockQ6K, d));
+    std::byte const* const low = block + offsetof(gguf::BlockQ6K, ql) + 64 * h + l;
+    std::uint32_t const ql[2] = {detail::load_u16(low), detail::load_u16(low + 32)};
+    std::uint32_t const qh = detail::load_u16(block + offsetof(gguf::BlockQ6K, qh) + 32 * h + l);
+    auto const* sc = reinterpret_cast<std::int8_t const*>(block + offsetof(gguf::BlockQ6K, scales) + 8 * h + l / 16);
     for (int k = 0; k < 4; ++k) {
       float const dsc = d * static_cast<float>(sc[2 * k]);
       for (int e = 0; e < 2; ++e) {
@@ -110,9 +111,9 @@ struct WarpBlocks<WeightFormat::kInt4> {
   static constexpr int kValues = 4;
   QFLASH_HD static constexpr int index(int part, int v) { return 4 * part + v; }
   QFLASH_HD static void decode(std::byte const* block, int part, float (&w)[kValues]) {
-    float const scale = detail::fp16_at(block);
-    float const min = detail::fp16_at(block + 2);
-    std::uint32_t const q = detail::load_u16(block + 4 + 2 * part);
+    float const scale = detail::fp16_at(block + offsetof(BlockInt4G128, scale));
+    float const min = detail::fp16_at(block + offsetof(BlockInt4G128, min));
+    std::uint32_t const q = detail::load_u16(block + offsetof(BlockInt4G128, qs) + 2 * part);
     for (int v = 0; v < kValues; ++v) w[v] = scale * static_cast<float>(q >> (4 * v) & 0xF) + min;
   }
 };

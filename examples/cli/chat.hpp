@@ -18,7 +18,7 @@
 
 #include "args.hpp"
 #include "qflash/io/chat_template.hpp"
-#include "qflash/runtime/batch_engine.hpp"
+#include "qflash/runtime/engine.hpp"
 #include "qflash/runtime/load_model.hpp"
 
 namespace qflash::cli {

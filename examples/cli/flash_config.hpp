@@ -8,6 +8,8 @@
 //    "deltanet_snapshot_every_blocks": 4, "kv_cache_dtype": "bf16:int6",
 //    "kv_compression_map": "kv_compression_map.json", "flash_kernel_fallback": false,
 //    "log_router_decisions": "router.jsonl"}
+//
+// With --device cuda, "gpu_memory_utilization": 0.8 may stand instead of kv_cache_memory.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -35,6 +37,7 @@ inline constexpr std::pair<std::string_view, std::string_view> kFlashConfigKeys[
     {"max_num_batched_tokens", "--max-num-batched-tokens"},
     {"max_model_len", "--max-model-len"},
     {"kv_cache_memory", "--kv-cache-memory"},
+    {"gpu_memory_utilization", "--gpu-memory-utilization"},
     {"max_queue", "--max-queue"},
     {"enable_prefix_caching", "--no-prefix-cache"},
     {"kv_cache_eviction_policy", "--eviction"},
@@ -78,7 +81,17 @@ inline void apply_flash_config(std::string path, std::string const& model, CLI::
   if (use("max_model_len", "--max-model-len"))
     e.max_context = static_cast<int>(f.integer("max_model_len", 0, 1 << 24, "an integer >= 0 (0: the model's)"));
   if (use("max_queue", "--max-queue")) e.max_queue = static_cast<int>(f.integer("max_queue", 1, 1 << 24, "an integer >= 1"));
-  if (use("kv_cache_memory", "--kv-cache-memory")) {
+  // The KV budget is bytes or a share of the GPU: a flag for either wins over the file's.
+  QFLASH_CHECK(!(f.has("kv_cache_memory") && f.has("gpu_memory_utilization")), path,
+               ": kv_cache_memory and gpu_memory_utilization exclude each other (KV bytes, or a share of the GPU's "
+               "memory)");
+  bool const budget_flag = cmd.count("--kv-cache-memory") + cmd.count("--gpu-memory-utilization") > 0;
+  if (!budget_flag && f.has("gpu_memory_utilization")) {
+    double const u = f.number("gpu_memory_utilization");
+    if (!(u > 0 && u <= 1)) f.fail("gpu_memory_utilization", "a number in (0, 1]");
+    e.gpu_memory_utilization = u;
+  }
+  if (!budget_flag && f.has("kv_cache_memory")) {
     io::Json const& v = j["kv_cache_memory"];
     if (v.is_string()) {
       try {

@@ -24,6 +24,7 @@
 #include "bench.hpp"
 #include "chat.hpp"
 #include "device.hpp"
+#include "engine.hpp"
 #include "flash_config.hpp"
 #include "budget.hpp"
 #include "kv_option.hpp"
@@ -81,7 +82,7 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
       ->capture_default_str();
   cmd->add_option("--device", o.device,
                   std::string("where the model runs: cpu, or cuda[:N] (CUDA device N, default 0) for run, logits, "
-                              "perplexity, calibrate, route-stats and bench; this build: ") +
+                              "perplexity, calibrate, route-stats, bench, chat and serve; this build: ") +
                       (QFLASH_CLI_CUDA ? "cpu and cuda" : "cpu only"))
       ->check(cli::device_validator())
       ->capture_default_str();
@@ -154,12 +155,10 @@ void require_weights(std::string const& model) {
 }
 
 /// Throws UsageError, before anything loads, when --device names a CUDA device that this build
-/// or `command` cannot use.
-void check_device(CommonOptions const& o, std::string const& command) {
+/// cannot use, or with options that run on the CPU only.
+void check_device(CommonOptions const& o) {
   if (!cli::cuda_device(o.device)) return;
   cli::check_cuda_build(o.device);
-  if (command == "serve" || command == "chat")
-    throw UsageError("--device " + o.device + ": '" + command + "' runs on the CPU only for now (--device cpu)");
   if (!o.lora.specs.empty())
     throw UsageError("--lora: adapters run on the CPU only for now; drop --device " + o.device);
 }
@@ -329,6 +328,8 @@ int cmd_run(CommonOptions const& o, std::string const& prompt, runtime::Generate
 
 /// `qflash chat`: the batch engine with one sequence, the model's chat template, the terminal.
 int cmd_chat(CommonOptions const& o, cli::SamplingOptions const& sampling_flags, cli::ChatOptions const& c) {
+  std::optional<int> const device = cli::cuda_device(o.device);
+  cli::check_device_usable(device);  // said before anything loads
   auto const cfg = peek_config(o);
   auto const sampling = cli::resolve_sampling(sampling_flags, cfg);
   require_weights(o.model_dir);
@@ -348,7 +349,7 @@ int cmd_chat(CommonOptions const& o, cli::SamplingOptions const& sampling_flags,
     eo.default_lora = adapter->name;
     eo.adapters.push_back(std::move(adapter));
   }
-  auto engine = runtime::make_engine(std::move(m), std::move(tok), eo, cli::model_name_of(o.model_dir));
+  auto engine = cli::make_engine_on(device, std::move(m), std::move(tok), eo, cli::model_name_of(o.model_dir));
   return cli::run_chat(*engine, *chat_template, sampling, c, std::cin);
 }
 
@@ -737,11 +738,14 @@ int main(int argc, char** argv) {
     (void)parse_routing_option(common.routing);
     cli::check_lora_options(common.lora);
     for (auto* cmd : {run, logits, ppl, route_stats, calibrate, serve, chat})
-      if (*cmd) check_device(common, cmd->get_name());
+      if (*cmd) check_device(common);
     if (*serve) {
       if (!verbose) logger->set_level(spdlog::level::info);  // one line per request
       cli::check_serve_options(serve_opts);
       cli::apply_flash_config(serve_opts.flash_config, common.model_dir, *serve, serve_opts, common.kv);
+      if (serve_opts.engine.gpu_memory_utilization > 0 && !cli::cuda_device(common.device))
+        throw UsageError("--gpu-memory-utilization (or flash_config.json's gpu_memory_utilization) applies to a "
+                         "model on a GPU: add --device cuda[:N], or give --kv-cache-memory");
     }
 
     if (*run) return cmd_run(common, prompt, gen, sampling, ignore_eos);
@@ -756,6 +760,8 @@ int main(int argc, char** argv) {
     if (*serve) {
       auto const cfg = peek_config(common);
       require_weights(common.model_dir);
+      std::optional<int> const device = cli::cuda_device(common.device);
+      cli::check_device_usable(device);  // said before the port is bound
       return cli::cmd_serve(serve_opts, common.model_dir, cfg, [&] {
         auto tok = load_tokenizer(common.model_dir, cfg);
         auto kv = cli::resolve_kv(common.kv, cfg, common.model_dir);
@@ -764,7 +770,8 @@ int main(int argc, char** argv) {
         opts.config = cfg;
         auto m = runtime::load_model(common.model_dir, opts);
         auto adapters = cli::load_loras(common.lora, m);
-        return cli::ServedModel{std::move(m), std::move(tok), std::move(kv), opts.model.routing, std::move(adapters)};
+        return cli::ServedModel{device,          std::move(m),       std::move(tok),
+                                std::move(kv),   opts.model.routing, std::move(adapters)};
       });
     }
   } catch (UsageError const& e) {

@@ -26,13 +26,14 @@
 #include "args.hpp"
 #include "bench.hpp"
 #include "budget.hpp"
+#include "engine.hpp"
 #include "qflash/core/log.hpp"
 #include "qflash/io/chat_template.hpp"
 #include "qflash/io/gguf.hpp"
 #include "qflash/io/tokenizer.hpp"
-#include "qflash/runtime/batch_engine.hpp"
 #include "qflash/runtime/engine.hpp"
 #include "qflash/runtime/load_model.hpp"
+#include "qflash/runtime/memory_plan.hpp"
 #include "qflash/serve/server.hpp"
 
 namespace qflash::cli {
@@ -54,8 +55,10 @@ inline int default_http_threads(runtime::EngineOptions const& e) {
   return static_cast<int>(std::min<long long>(4096, static_cast<long long>(e.max_num_seqs) + e.max_queue + 16));
 }
 
-/// What main.cpp's common flags load: the model, its tokenizer and the KV formats.
+/// What main.cpp's common flags load: the model, its tokenizer and the KV formats, and where
+/// it runs (a CUDA device, or the CPU).
 struct ServedModel {
+  std::optional<int> device;
   runtime::LoadedModel model;
   io::Tokenizer tokenizer;
   kv::KvMap kv;
@@ -84,7 +87,15 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
       ->capture_default_str();
   cmd->add_option("--kv-cache-memory", o.kv_cache_memory,
                   "bytes for the KV cache and state snapshots, e.g. 2GiB (default: enough for --max-num-seqs full "
-                  "contexts, at most 1 GiB)");
+                  "contexts, at most 1 GiB on the CPU, and on a GPU at most what --gpu-memory-utilization's default "
+                  "leaves)");
+  cmd->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
+                  "with --device cuda: the share of the GPU's memory to fill, weights included; the KV cache takes "
+                  "what is left (default: " +
+                      std::to_string(runtime::kDefaultGpuMemoryUtilization).substr(0, 4) +
+                      ", and no more KV cache than --max-num-seqs full contexts need)")
+      ->check(number_in(0, 1, /*lo_open=*/true))
+      ->excludes("--kv-cache-memory");
   cmd->add_option("--max-model-len", e.max_context,
                   "prompt + generated tokens per sequence (0: the model's max_position_embeddings)")
       ->check(integer_in(0));
@@ -251,12 +262,13 @@ inline int cmd_serve(ServeOptions o, std::string const& path, model::ModelConfig
   o.engine.kv = std::move(m.kv);
   o.engine.routing = m.routing;
   o.engine.adapters = std::move(m.adapters);
-  engine = runtime::make_engine(std::move(m.model), std::move(m.tokenizer), o.engine, name);
+  engine = make_engine_on(m.device, std::move(m.model), std::move(m.tokenizer), o.engine, name);
   runtime::EngineInfo const info = engine->info();
   QFLASH_CHECK(info.specialised || o.kernel_fallback, "flash_kernel_fallback is false, but no specialised instance "
                "runs this model: the ", info.spec, " one would (add its spec to QFLASH_SPECS and rebuild)");
-  QFLASH_LOG_INFO("engine: spec ", info.spec, info.specialised ? "" : " (generic)", ", context ", info.max_context,
-                  " tokens, prefix cache ", info.prefix_cache ? "on" : "off", ", compressed KV ",
+  QFLASH_LOG_INFO("engine: spec ", info.spec, info.specialised ? "" : " (generic)", " on ", info.arch, ", context ",
+                  info.max_context, " tokens, KV cache ", human_bytes(static_cast<double>(info.kv_cache_bytes)),
+                  ", prefix cache ", info.prefix_cache ? "on" : "off", ", compressed KV ",
                   info.compressed_kv ? "yes" : "no", ", flash_used ", runtime::flash_used(info) ? "true" : "false");
   if (server.attach(*engine, chat_template ? &*chat_template : nullptr)) {
     std::printf("serving %s on http://%s:%d\n", printable(name).c_str(), host.c_str(), port);

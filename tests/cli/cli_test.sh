@@ -398,9 +398,6 @@ PY
     run run --model "$tiny" --device cuda:1x
     expect_rc 2
     expect_err "error: --device: expected cpu, cuda or cuda:N \(N a device index\), not 'cuda:1x'"
-    run serve --model "$tiny" --device cuda
-    expect_rc 2
-    expect_err "error: --device cuda: ('serve' runs on the CPU only|this build has no CUDA kernels)"
     run run --model "$tiny" --device cuda --lora "$fixtures/lora/tiny_qwen3_moe"
     expect_rc 2
     expect_err "error: (--lora: adapters run on the CPU only|--device cuda: this build has no CUDA kernels)"
@@ -409,12 +406,23 @@ PY
     cp "$tmp/out" "$tmp/cpu"
     run run --model "$tiny" --prompt "Hello" -n 8 --ignore-eos --device cuda:0
     if "$qflash" run --help | grep -q "this build: cpu and cuda"; then
-      if [[ $(cat "$tmp/rc") == 0 ]]; then  # a GPU: the same greedy text as the CPU
+      if [[ $(cat "$tmp/rc") == 0 ]]; then  # a GPU: the same greedy text as the CPU, and a server
         cmp -s "$tmp/out" "$tmp/cpu" || fail "--device cuda wrote $(cat "$tmp/out"), the CPU $(cat "$tmp/cpu")"
+        "$qflash" serve --model "$tiny" --port 0 --device cuda >"$tmp/out" 2>"$tmp/err" & pid=$!
+        for _ in $(seq 300); do grep -q "^serving" "$tmp/out" && break; sleep 0.1; done
+        kill -TERM "$pid"; wait "$pid"; echo $? >"$tmp/rc"
+        expect_rc 0
+        expect_err "engine: spec .* on sm(80|90a), .*KV cache"
       else
         expect_rc 1
         expect_err "error: (no CUDA device is available|CUDA device 0 .*runs none of the compiled archs)"
         grep -q "loading" "$tmp/err" && fail "the model was loaded before the device was checked"
+        for cmd in "serve --port 0" chat; do  # said before the port is bound or the model loads
+          run $cmd --model "$tiny" --device cuda
+          expect_rc 1
+          expect_err "error: (no CUDA device is available|CUDA device 0 .*runs none of the compiled archs)"
+          grep -qE "loading|listening" "$tmp/err" && fail "$cmd: the model was loaded or the port bound first"
+        done
       fi
       run run --model "$tiny" -n 2 --device cuda:4096
       expect_rc 1
@@ -434,6 +442,9 @@ PY
       expect_rc 2
       expect_err "error: --device cuda:0: this build has no CUDA kernels \(configure with -DQFLASH_ENABLE_CUDA=ON"
       run bench --synthetic qwen3_6_35b_a3b --layers 1 --vocab 64 -p 4 -n 2 -r 1 --device cuda
+      expect_rc 2
+      expect_err "error: --device cuda: this build has no CUDA kernels"
+      run serve --model "$tiny" --device cuda
       expect_rc 2
       expect_err "error: --device cuda: this build has no CUDA kernels"
     fi
@@ -697,7 +708,9 @@ PY
     head -c 100 "$tiny/model.safetensors" > "$tmp/m/model.safetensors"
     for flags in "--port 70000" "--max-num-seqs 0" "--max-body-bytes lots" "--kv-cache-memory -1" \
                  "--eviction mru" "--max-n 0" "--max-model-len 100000" "--kv int5" "--http-threads -1" \
-                 "--max-tokens-limit -1" "--log-router-decisions $tmp/no/such/dir/log.jsonl"; do
+                 "--max-tokens-limit -1" "--log-router-decisions $tmp/no/such/dir/log.jsonl" \
+                 "--gpu-memory-utilization 0" "--gpu-memory-utilization 1.5" "--gpu-memory-utilization 0.5" \
+                 "--gpu-memory-utilization 0.5 --kv-cache-memory 1GiB"; do
       run serve --model "$tmp/m" $flags
       expect_rc 2
       grep -q "model.safetensors" "$tmp/err" && fail "$flags: the model was read first"
@@ -707,6 +720,12 @@ PY
     expect_err "error: --max-body-bytes: 'lots' is not a memory size"
     run serve --model "$tmp/m" --max-model-len 100000
     expect_err "error: --max-model-len 100000 is above the model's limit of [0-9]+ tokens"
+    run serve --model "$tmp/m" --gpu-memory-utilization 0
+    expect_err "error: --gpu-memory-utilization: must be a number in \(0, 1\], got '0'"
+    run serve --model "$tmp/m" --gpu-memory-utilization 0.5
+    expect_err "error: --gpu-memory-utilization .*applies to a model on a GPU: add --device cuda"
+    run serve --model "$tmp/m" --gpu-memory-utilization 0.5 --kv-cache-memory 1GiB
+    expect_err "error: --(gpu-memory-utilization|kv-cache-memory) excludes --(kv-cache-memory|gpu-memory-utilization)"
     run serve --model "$tmp/m" --port 0
     expect_rc 1
     expect_err "listening on http://127\.0\.0\.1:[0-9]+ while m loads"
@@ -760,12 +779,18 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()
                '{"kv_cache_dtype": "int5"}|field .kv_cache_dtype.' \
                '{"kv_cache_eviction_policy": "mru"}|field .kv_cache_eviction_policy. must be "lru" or "lru_with_age"' \
                '{"kv_cache_dtype": "int6", "kv_compression_map": "m.json"}|exclude each other' \
+               '{"gpu_memory_utilization": 2}|field .gpu_memory_utilization. must be a number in \(0, 1\]' \
+               '{"gpu_memory_utilization": 0.5, "kv_cache_memory": "1GiB"}|exclude each other' \
                '[1]|the top level must be a JSON object'; do
       printf '%s\n' "${bad%%|*}" > "$tmp/m/flash_config.json"
       run serve --model "$tmp/m" --port 0
       expect_rc 1
       expect_err "flash_config\.json: .*${bad#*|}"
     done
+    printf '{"gpu_memory_utilization": 0.5}\n' > "$tmp/m/flash_config.json"
+    run serve --model "$tmp/m" --port 0
+    expect_rc 2
+    expect_err "flash_config\.json's gpu_memory_utilization\) applies to a model on a GPU"
     rm "$tmp/m/flash_config.json"
     printf '{"flash_kernel_fallback": false}\n' > "$tmp/fc.json"
     run serve --model "$fixtures/qwen3_moe_tiny" --port 0 --flash-config "$tmp/fc.json"

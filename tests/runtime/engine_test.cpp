@@ -17,6 +17,7 @@
 #include "qflash/runtime/generate.hpp"
 #include "qflash/runtime/lora.hpp"
 #include "qflash/runtime/with_model.hpp"
+#include "support/engine_client.hpp"
 #include "support/expect_error.hpp"
 
 using namespace qflash;
@@ -35,50 +36,10 @@ io::Tokenizer tokenizer() { return io::Tokenizer::from_file(kDir + "/tokenizer.j
 
 std::unique_ptr<Engine> start(EngineOptions o = {}) { return make_engine(load(), tokenizer(), std::move(o), "micro"); }
 
-/// Everything a request streamed.
-struct Result {
-  std::vector<std::string> text;
-  std::vector<std::vector<std::int32_t>> tokens;
-  std::vector<std::vector<TokenLogprob>> logprobs;
-  std::vector<std::optional<FinishReason>> finish;
-  RequestUsage usage;
-  std::optional<std::string> error;
-};
-
-Result collect(RequestStream& s, int n = 1) {
-  Result r;
-  r.text.resize(static_cast<std::size_t>(n));
-  r.tokens.resize(static_cast<std::size_t>(n));
-  r.logprobs.resize(static_cast<std::size_t>(n));
-  r.finish.resize(static_cast<std::size_t>(n));
-  std::vector<ChoiceEvent> events;
-  auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  bool open = true;
-  while (open) {
-    REQUIRE(std::chrono::steady_clock::now() < deadline);
-    events.clear();
-    open = s.wait(events, std::chrono::milliseconds(200));
-    for (auto& e : events) {
-      auto const i = static_cast<std::size_t>(e.index);
-      REQUIRE(i < r.text.size());
-      CHECK_FALSE(r.finish[i].has_value());  // nothing after a choice's last event
-      r.text[i] += e.text;
-      r.tokens[i].insert(r.tokens[i].end(), e.tokens.begin(), e.tokens.end());
-      for (auto& lp : e.logprobs) r.logprobs[i].push_back(lp);
-      if (e.finish) r.finish[i] = e.finish;
-    }
-  }
-  r.usage = s.usage();
-  r.error = s.error();
-  return r;
-}
-
-GenerationRequest greedy(std::vector<std::int32_t> prompt, int max_tokens) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  return r;
-}
+using Result = test::EngineResult;
+using test::collect;
+using test::greedy;
+using test::metric;
 
 /// runtime::generate's greedy result on the instance the engine runs (with `mo`, on `model`).
 GenerateResult reference(std::vector<std::int32_t> const& prompt, int max_tokens, model::ModelOptions const& mo = {},
@@ -92,17 +53,6 @@ GenerateResult reference(std::vector<std::int32_t> const& prompt, int max_tokens
     out = generate(m, tok, prompt, g);
   });
   return out;
-}
-
-/// A metric's value from the Prometheus text (the first sample with that name and labels).
-double metric(Engine const& e, std::string const& name_and_labels) {
-  std::string text;
-  e.write_metrics(text);
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(name_and_labels + " ", 0) == 0) return std::stod(line.substr(name_and_labels.size() + 1));
-  FAIL("metric ", name_and_labels, " not found");
-  return 0;
 }
 
 std::vector<std::string> const kPrompts{
@@ -138,6 +88,19 @@ TEST_CASE("engine: a request streams generate()'s greedy tokens and text") {
   CHECK(info.prefix_cache);
   CHECK_FALSE(info.compressed_kv);  // f32 KV by default
   CHECK_FALSE(flash_used(info));
+  CHECK(info.arch == "cpu");
+}
+
+TEST_CASE("engine: the KV budget on the host; a GPU memory share is refused there") {
+  // The default: max_num_seqs full contexts (f32 KV, 32 KiB a block of 16 tokens), at most 1 GiB.
+  EngineOptions o;
+  o.max_num_seqs = 2;
+  CHECK(start(o)->info().kv_cache_bytes == 2 * (1024 / 16) * 32768);
+  o.kv_cache_bytes = 12345678;
+  CHECK(start(o)->info().kv_cache_bytes == 12345678);
+  o.kv_cache_bytes = 0;
+  o.gpu_memory_utilization = 0.5;
+  test::expect_error([&] { (void)start(o); }, {"gpu_memory_utilization applies to a model on a GPU", "cpu"});
 }
 
 TEST_CASE("engine: batched, chunked and queued requests give their single-run tokens") {

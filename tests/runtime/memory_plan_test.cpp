@@ -58,3 +58,24 @@ TEST_CASE("memory plan: totals and the sequences that fit") {
   CHECK(p.sequences_that_fit(16, 1100 + 3 * 200 - 1) == 2);
   CHECK(p.sequences_that_fit(16, 1000) == 0);  // weights and scratch alone do not fit
 }
+
+TEST_CASE("memory plan: the KV bytes a GPU memory utilization leaves") {
+  std::int64_t const gib = std::int64_t{1} << 30;
+  qflash::Memory::DeviceUse const use{.free = 100 * gib, .total = 140 * gib};  // 40 GiB in use
+  // 0.5 of 140 = 70 GiB allowed; 40 in use and 2 reserved leave 28.
+  CHECK(runtime::kv_bytes_within(0.5, use, 2 * gib) == 28 * gib);
+  CHECK(runtime::kv_bytes_within(1.0, use, 0) == 100 * gib);
+  // Nothing left: the error gives the figures and what to do.
+  test::expect_error([&] { (void)runtime::kv_bytes_within(0.25, use, 0); },
+                     {"0.25", "35.00 GiB", "140.00 GiB", "40.00 GiB are in use", "raise the utilization"});
+  test::expect_error([&] { (void)runtime::kv_bytes_within(0.3, use, 2 * gib); }, {"2.00 GiB more"});
+  test::expect_error([&] { (void)runtime::kv_bytes_within(0.0, use, 0); }, {"(0, 1]"});
+  test::expect_error([&] { (void)runtime::kv_bytes_within(1.5, use, 0); }, {"(0, 1]"});
+  test::expect_error([&] { (void)runtime::kv_bytes_within(0.5, {.free = 2, .total = 1}, 0); }, {"2 bytes free of 1"});
+}
+
+TEST_CASE("memory plan: a device step's reserve covers the scratch estimate and grows with the tokens") {
+  auto const c = runtime::synthetic_config("qwen3_6_35b_a3b", 40);
+  CHECK(runtime::device_step_reserve(c, 512) > runtime::scratch_bytes(c, 512));
+  CHECK(runtime::device_step_reserve(c, 2048) > runtime::device_step_reserve(c, 512));
+}

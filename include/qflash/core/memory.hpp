@@ -8,10 +8,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <memory_resource>
 #include <new>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -35,6 +37,14 @@ class Memory : public std::pmr::memory_resource {
   virtual void zero(void* dst, std::size_t bytes, stream_t stream) = 0;
   /// Waits until the work queued on `stream` is done.
   virtual void synchronize(stream_t stream) = 0;
+
+  /// A device's memory as its driver counts it: bytes free now and in all, every process's
+  /// use included. Host memory: nullopt.
+  struct DeviceUse {
+    std::int64_t free = 0;
+    std::int64_t total = 0;
+  };
+  [[nodiscard]] virtual std::optional<DeviceUse> device_use() { return std::nullopt; }
 };
 
 /// Host memory, every allocation on a cache line.

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <list>
 #include <map>
@@ -43,6 +44,7 @@
 #include "qflash/runtime/engine.hpp"
 #include "qflash/runtime/generate.hpp"
 #include "qflash/runtime/load_model.hpp"
+#include "qflash/runtime/memory_plan.hpp"
 #include "qflash/runtime/metrics.hpp"
 #include "qflash/runtime/sampler.hpp"
 
@@ -70,16 +72,24 @@ class WindowMean {
 
 }  // namespace detail
 
+/// Builds the engine's model from the loaded one and the engine's model options (make_model
+/// on the CPU; runtime/cuda/engine.hpp's make_cuda_model on a device).
+template <MoeSpec S, class Arch>
+using ModelMaker = std::function<std::unique_ptr<model::Model<S, Arch>>(LoadedModel, model::ModelOptions const&)>;
+
 template <MoeSpec S, class Arch = arch::Cpu>
 class BatchEngine final : public Engine {
  public:
-  /// Takes the loaded model; `info`'s spec fields are the caller's (make_engine).
-  BatchEngine(LoadedModel loaded, io::Tokenizer tokenizer, EngineOptions opts, EngineInfo info)
+  /// Takes the loaded model and builds it with `make`; `info`'s spec fields are the caller's
+  /// (make_engine_as).
+  BatchEngine(LoadedModel loaded, io::Tokenizer tokenizer, EngineOptions opts, EngineInfo info,
+              ModelMaker<S, Arch> const& make)
       : tok_(std::move(tokenizer)), opts_(std::move(opts)), info_(std::move(info)) {
     model::ModelOptions mo;
     mo.on_route = [this](model::RouteRecord const& r) { observe_routes(r); };
     mo.routing = opts_.routing;
-    model_ = make_model<S, Arch>(std::move(loaded), mo);
+    model_ = make(std::move(loaded), mo);
+    info_.arch = Arch::name;
     cfg_ = &model_->config();
     check_tokenizer_fits(tok_, *cfg_);
     QFLASH_CHECK(opts_.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", opts_.max_num_seqs);
@@ -96,11 +106,9 @@ class BatchEngine final : public Engine {
     hybrid_ = std::any_of(cfg_->layer_types.begin(), cfg_->layer_types.end(),
                           [](model::LayerKind k) { return k == model::LayerKind::kLinearAttention; });
     std::int64_t const per_block = std::max<std::int64_t>(1, layout.block_bytes());
-    std::int64_t budget = opts_.kv_cache_bytes;
-    if (budget <= 0) {
-      std::int64_t const blocks_per_seq = (max_context_ + layout.block_tokens() - 1) / layout.block_tokens();
-      budget = std::min<std::int64_t>(std::int64_t{1} << 30, opts_.max_num_seqs * blocks_per_seq * per_block);
-    }
+    std::int64_t const blocks_per_seq = (max_context_ + layout.block_tokens() - 1) / layout.block_tokens();
+    std::int64_t const budget = kv_budget(opts_.max_num_seqs * blocks_per_seq * per_block);
+    info_.kv_cache_bytes = budget;
     std::int64_t const snapshot_bytes =
         hybrid_ && opts_.prefix.enabled ? static_cast<std::int64_t>(static_cast<double>(budget) * opts_.prefix.snapshot_share)
                                         : 0;
@@ -296,6 +304,30 @@ class BatchEngine final : public Engine {
     std::vector<std::int64_t> expert_load;
     detail::WindowMean experts_per_token{1024};  ///< routed experts per token-layer (dynamic routing)
   };
+
+  // ---- memory ---------------------------------------------------------------------------
+
+  /// Bytes for the KV pool and state snapshots: kv_cache_bytes when given; else what
+  /// `full_contexts` (max_num_seqs full contexts) take, at most 1 GiB on the host, and on a
+  /// device at most what its memory utilization leaves (all of that when gpu_memory_utilization
+  /// is given).
+  std::int64_t kv_budget(std::int64_t full_contexts) {
+    double const util = opts_.gpu_memory_utilization;
+    std::optional<Memory::DeviceUse> const use = model_->memory()->device_use();
+    QFLASH_CHECK(util == 0 || use, "gpu_memory_utilization applies to a model on a GPU; this one runs on the ",
+                 Arch::name, " (give kv_cache_bytes)");
+    QFLASH_CHECK(util == 0 || opts_.kv_cache_bytes == 0, "give kv_cache_bytes or gpu_memory_utilization, not both");
+    if (!use) return opts_.kv_cache_bytes > 0 ? opts_.kv_cache_bytes : std::min(std::int64_t{1} << 30, full_contexts);
+    std::int64_t const within = kv_bytes_within(util > 0 ? util : kDefaultGpuMemoryUtilization, *use,
+                                                device_step_reserve(*cfg_, opts_.max_num_batched_tokens));
+    if (opts_.kv_cache_bytes > 0) {
+      if (opts_.kv_cache_bytes > within)
+        QFLASH_LOG_WARN("the KV cache's ", opts_.kv_cache_bytes, " bytes are more than the device has left (",
+                        within, "): once they are used, its memory pages out to the host and steps slow down");
+      return opts_.kv_cache_bytes;
+    }
+    return util > 0 ? within : std::min(full_contexts, within);
+  }
 
   // ---- requests -------------------------------------------------------------------------
 
@@ -915,10 +947,12 @@ class BatchEngine final : public Engine {
   std::thread worker_;  // last: starts after everything above is built
 };
 
-/// The engine over the compiled instance that runs `model` (as runtime::with_model chooses it).
+/// The engine over the compiled instance that runs `model` (as runtime::with_model chooses it)
+/// on Arch, the model built by `make(spec, loaded, model_options)` (spec a SpecConstant).
 /// @param model_id  the name /v1/models reports
-inline std::unique_ptr<Engine> make_engine(LoadedModel model, io::Tokenizer tokenizer, EngineOptions options,
-                                           std::string model_id) {
+template <class Arch, class MakeModel>
+std::unique_ptr<Engine> make_engine_as(LoadedModel model, io::Tokenizer tokenizer, EngineOptions options,
+                                       std::string model_id, MakeModel const& make) {
   MoeSpec const rt = model.spec();
   std::string const source = model.config.source;
   std::unique_ptr<Engine> engine;
@@ -929,13 +963,25 @@ inline std::unique_ptr<Engine> make_engine(LoadedModel model, io::Tokenizer toke
     info.model_id = model_id;
     info.spec = std::string(instances::kSpecNames[static_cast<std::size_t>(chosen)]);
     info.specialised = is_static(kSpec);
-    engine = std::make_unique<BatchEngine<kSpec>>(std::move(model), std::move(tokenizer), std::move(options),
-                                                  std::move(info));
+    ModelMaker<kSpec, Arch> const maker = [&make, spec](LoadedModel m, model::ModelOptions const& o) {
+      return make(spec, std::move(m), o);
+    };
+    engine = std::make_unique<BatchEngine<kSpec, Arch>>(std::move(model), std::move(tokenizer), std::move(options),
+                                                        std::move(info), maker);
     return Status::kSuccess;
   });
   QFLASH_CHECK(s == Status::kSuccess, source, ": no compiled instance runs this model (", to_string(s),
                "); compiled specs: ", compiled_spec_names());
   return engine;
+}
+
+/// make_engine_as on the CPU.
+inline std::unique_ptr<Engine> make_engine(LoadedModel model, io::Tokenizer tokenizer, EngineOptions options,
+                                           std::string model_id) {
+  return make_engine_as<arch::Cpu>(std::move(model), std::move(tokenizer), std::move(options), std::move(model_id),
+                                   [](auto spec, LoadedModel m, model::ModelOptions const& o) {
+                                     return make_model<decltype(spec)::value>(std::move(m), o);
+                                   });
 }
 
 }  // namespace qflash::runtime

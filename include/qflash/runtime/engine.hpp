@@ -45,7 +45,12 @@ struct PrefixCacheOptions {
 struct EngineOptions {
   int max_num_seqs = 16;               ///< sequences running at once
   int max_num_batched_tokens = 512;    ///< tokens one step computes (decode tokens + prefill chunks)
-  std::int64_t kv_cache_bytes = 0;     ///< KV pool and state snapshots (0: enough for max_num_seqs full contexts, at most 1 GiB)
+  /// KV pool and state snapshots (0: enough for max_num_seqs full contexts, at most 1 GiB on the
+  /// host, and on a device at most what kDefaultGpuMemoryUtilization leaves)
+  std::int64_t kv_cache_bytes = 0;
+  /// A model on a device: the share of the device's memory the process fills, weights
+  /// included; the KV cache takes what is left (0: see kv_cache_bytes). Not with kv_cache_bytes.
+  double gpu_memory_utilization = 0;
   int max_context = 0;                 ///< prompt + generated tokens per sequence (0: the model's limit)
   int max_queue = 256;                 ///< waiting requests beyond this are refused (kQueueFull)
   kv::KvMap kv;                        ///< per-head KV formats (empty: f32)
@@ -62,6 +67,8 @@ struct EngineOptions {
 struct EngineInfo {
   std::string model_id;           ///< the served model's name (/v1/models)
   std::string spec;               ///< the compiled instance running it
+  std::string arch;               ///< where it runs (arch::Cpu::name, sm80, sm90a)
+  std::int64_t kv_cache_bytes = 0;  ///< the KV pool's and state snapshots' budget
   bool specialised = false;       ///< a fully static instance (not the generic fallback)
   bool compressed_kv = false;     ///< some KV head is stored in fewer than 16 bits (fp8, int8, int6)
   bool prefix_cache = false;      ///< the shared prefix pool is on

@@ -10,7 +10,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
+#include "qflash/core/error.hpp"
+#include "qflash/core/memory.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/kv/block_pool.hpp"
 #include "qflash/kv/map.hpp"
@@ -70,6 +74,13 @@ inline std::int64_t scratch_bytes(model::ModelConfig const& c, std::int64_t chun
   return 4 * (chunk * per_token + c.vocab);
 }
 
+/// What the forward steps of up to `tokens` tokens allocate on a device once running: the
+/// scratch estimate, a quarter more for kernel-private buffers, and 32 MiB for the kernels'
+/// per-stream workspaces.
+inline std::int64_t device_step_reserve(model::ModelConfig const& c, std::int64_t tokens) {
+  return scratch_bytes(c, tokens) * 5 / 4 + (std::int64_t{32} << 20);
+}
+
 /// The plan for a model whose weights take `weight_bytes` when resident.
 inline MemoryPlan plan_memory(model::ModelConfig const& c, std::int64_t weight_bytes, kv::KvMap const& kv,
                               std::int64_t chunk = kDefaultChunkTokens) {
@@ -79,6 +90,35 @@ inline MemoryPlan plan_memory(model::ModelConfig const& c, std::int64_t weight_b
   p.kv_per_token = kv_bytes_per_token(c, kv);
   p.state_per_sequence = c.linear_state_bytes_per_sequence(DType::kF32, DType::kF32);
   return p;
+}
+
+/// The share of a device's memory a served model fills (weights, runtime and KV cache) unless
+/// told otherwise, as in vLLM.
+inline constexpr double kDefaultGpuMemoryUtilization = 0.9;
+
+/// Bytes left for the KV cache and state snapshots when a process may fill the share
+/// `utilization` (in (0, 1]) of a device's memory: that share of `use.total`, less what is in
+/// use now (`use.total - use.free`: the weights, the runtime, other processes) and `reserve`
+/// (what the forward steps will still allocate). Throws, with the figures, when nothing is left.
+inline std::int64_t kv_bytes_within(double utilization, Memory::DeviceUse use, std::int64_t reserve) {
+  QFLASH_CHECK(utilization > 0 && utilization <= 1, "the GPU memory utilization must be in (0, 1], got ", utilization);
+  QFLASH_CHECK(use.total > 0 && use.free >= 0 && use.free <= use.total, "the device reports ", use.free,
+               " bytes free of ", use.total);
+  auto const allowed = static_cast<std::int64_t>(utilization * static_cast<double>(use.total));
+  std::int64_t const used = use.total - use.free;
+  std::int64_t const left = allowed - used - reserve;
+  if (left > 0) return left;
+  auto gib = [](std::int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / static_cast<double>(1 << 30));
+    return std::string(buf);
+  };
+  char share[16];
+  std::snprintf(share, sizeof share, "%.2f", utilization);
+  QFLASH_FAIL("a GPU memory utilization of ", share, " allows ", gib(allowed), " of the device's ", gib(use.total),
+              "; ", gib(used), " are in use already (the weights, the runtime, other processes) and the forward steps "
+              "need ", gib(reserve), " more, which leaves nothing for the KV cache (raise the utilization, free the "
+              "device or choose smaller weight formats)");
 }
 
 }  // namespace qflash::runtime

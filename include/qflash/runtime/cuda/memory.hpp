@@ -12,7 +12,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "qflash/core/error.hpp"
@@ -67,6 +69,12 @@ class CudaManagedMemory final : public Memory {
     if (!bytes) return;
     activate();
     check_cuda(cudaMemsetAsync(dst, 0, bytes, stream), "zeroing device memory");
+  }
+  [[nodiscard]] std::optional<DeviceUse> device_use() override {
+    activate();
+    std::size_t free = 0, total = 0;
+    check_cuda(cudaMemGetInfo(&free, &total), "querying CUDA device " + std::to_string(device_) + "'s memory");
+    return DeviceUse{static_cast<std::int64_t>(free), static_cast<std::int64_t>(total)};
   }
   /// The stream's work; with no stream, the device's.
   void synchronize(stream_t stream) override {

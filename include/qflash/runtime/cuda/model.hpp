@@ -81,27 +81,35 @@ std::unique_ptr<model::Model<S, Arch>> make_cuda_model(LoadedModel m, int device
                                                  opts);
 }
 
+/// fn(Arch{}) for the best compiled arch CUDA device `device` runs (cuda_arch_for); returns
+/// fn's Status.
+template <class Fn>
+Status on_cuda_arch(int device, Fn&& fn) {
+  arch::ArchId const chosen = cuda_arch_for(device);
+  Status s = Status::kErrorArchMismatch;
+  if constexpr (compiled_arch(arch::ArchId::kSm90a))
+    if (chosen == arch::ArchId::kSm90a) s = fn(arch::Sm90a{});
+  if constexpr (compiled_arch(arch::ArchId::kSm80))
+    if (chosen == arch::ArchId::kSm80) s = fn(arch::Sm80{});
+  return s;
+}
+
 /// with_model() on CUDA device `device`: builds the model as the compiled spec that runs it,
 /// for the best compiled arch the device runs, and calls fn(model).
 template <class Fn>
 void with_cuda_model(LoadedModel m, int device, model::ModelOptions const& opts, bool progress, Fn&& fn) {
-  arch::ArchId const chosen = cuda_arch_for(device);
   MoeSpec const rt = m.spec();
   std::string const source = m.config.source;
-  auto run = [&]<class Arch>(Arch) {
+  Status const s = on_cuda_arch(device, [&]<class Arch>(Arch) {
     return dispatch_spec(rt, [&](auto spec) {
       auto model = make_cuda_model<decltype(spec)::value, Arch>(std::move(m), device, opts, progress);
       fn(*model);
       return Status::kSuccess;
     });
-  };
-  Status s = Status::kErrorArchMismatch;
-  if constexpr (compiled_arch(arch::ArchId::kSm90a))
-    if (chosen == arch::ArchId::kSm90a) s = run(arch::Sm90a{});
-  if constexpr (compiled_arch(arch::ArchId::kSm80))
-    if (chosen == arch::ArchId::kSm80) s = run(arch::Sm80{});
-  QFLASH_CHECK(s == Status::kSuccess, source, ": no compiled instance runs this model on ", arch::to_string(chosen),
-               " (", to_string(s), "); compiled specs: ", compiled_spec_names());
+  });
+  QFLASH_CHECK(s == Status::kSuccess, source, ": no compiled instance runs this model on ",
+               arch::to_string(cuda_arch_for(device)), " (", to_string(s), "); compiled specs: ",
+               compiled_spec_names());
 }
 
 }  // namespace qflash::runtime

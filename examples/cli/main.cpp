@@ -155,12 +155,9 @@ void require_weights(std::string const& model) {
 }
 
 /// Throws UsageError, before anything loads, when --device names a CUDA device that this build
-/// cannot use, or with options that run on the CPU only.
+/// cannot use.
 void check_device(CommonOptions const& o) {
-  if (!cli::cuda_device(o.device)) return;
-  cli::check_cuda_build(o.device);
-  if (!o.lora.specs.empty())
-    throw UsageError("--lora: adapters run on the CPU only for now; drop --device " + o.device);
+  if (cli::cuda_device(o.device)) cli::check_cuda_build(o.device);
 }
 
 /// Loads the model (whose config `cfg` is) as the compiled spec that fits it, on the device

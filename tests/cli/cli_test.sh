@@ -398,9 +398,6 @@ PY
     run run --model "$tiny" --device cuda:1x
     expect_rc 2
     expect_err "error: --device: expected cpu, cuda or cuda:N \(N a device index\), not 'cuda:1x'"
-    run run --model "$tiny" --device cuda --lora "$fixtures/lora/tiny_qwen3_moe"
-    expect_rc 2
-    expect_err "error: (--lora: adapters run on the CPU only|--device cuda: this build has no CUDA kernels)"
     run run --model "$tiny" --prompt "Hello" -n 8 --ignore-eos
     expect_rc 0
     cp "$tmp/out" "$tmp/cpu"
@@ -413,11 +410,17 @@ PY
         kill -TERM "$pid"; wait "$pid"; echo $? >"$tmp/rc"
         expect_rc 0
         expect_err "engine: spec .* on sm(80|90a), .*KV cache"
+        lora=(--model "$fixtures/qwen3_moe_tiny" --lora "$fixtures/lora/tiny_qwen3_moe" --prompt "Hello" -n 8 --ignore-eos)
+        run run "${lora[@]}"
+        cp "$tmp/out" "$tmp/cpu"
+        run run "${lora[@]}" --device cuda
+        expect_rc 0
+        cmp -s "$tmp/out" "$tmp/cpu" || fail "--lora on cuda wrote $(cat "$tmp/out"), the CPU $(cat "$tmp/cpu")"
       else
         expect_rc 1
         expect_err "error: (no CUDA device is available|CUDA device 0 .*runs none of the compiled archs)"
         grep -q "loading" "$tmp/err" && fail "the model was loaded before the device was checked"
-        for cmd in "serve --port 0" chat; do  # said before the port is bound or the model loads
+        for cmd in "serve --port 0" chat "run --lora $fixtures/lora/tiny_qwen3_moe"; do  # said before anything loads
           run $cmd --model "$tiny" --device cuda
           expect_rc 1
           expect_err "error: (no CUDA device is available|CUDA device 0 .*runs none of the compiled archs)"
@@ -444,9 +447,11 @@ PY
       run bench --synthetic qwen3_6_35b_a3b --layers 1 --vocab 64 -p 4 -n 2 -r 1 --device cuda
       expect_rc 2
       expect_err "error: --device cuda: this build has no CUDA kernels"
-      run serve --model "$tiny" --device cuda
-      expect_rc 2
-      expect_err "error: --device cuda: this build has no CUDA kernels"
+      for cmd in serve "run --lora $fixtures/lora/tiny_qwen3_moe"; do
+        run $cmd --model "$tiny" --device cuda
+        expect_rc 2
+        expect_err "error: --device cuda: this build has no CUDA kernels"
+      done
     fi
     run bench --model "$tiny" -p 4 -n 2 -r 1 --json --device cpu
     expect_rc 0

@@ -1,7 +1,8 @@
 // The serving engine with its model on CUDA (runtime/cuda/engine.hpp) against the same engine
 // on the CPU, on the embedded default model: concurrent requests with chunked prefill, a KV
 // pool too small for all of them (preemption), prefix hits that restore Gated DeltaNet states
-// from device memory, forked choices, and the KV budget from the device's memory.
+// from device memory, forked choices, the KV budget from the device's memory, and the adapters
+// a device runs.
 #include "gpu/gpu_main.hpp"
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "qflash/runtime/batch_engine.hpp"
 #include "qflash/runtime/cuda/engine.hpp"
+#include "qflash/runtime/lora.hpp"
 #include "support/engine_client.hpp"
 #include "support/expect_error.hpp"
 
@@ -178,10 +180,9 @@ TEST_CASE("engine on CUDA: the KV budget from the device's memory") {
   test::expect_error([&] { (void)on_gpu(o); }, {"not both"});
 }
 
-TEST_CASE("engine on CUDA: LoRA adapters are refused with a clear error") {
+TEST_CASE("engine on CUDA: an adapter that updates the experts is refused with a clear error") {
   EngineOptions o;
-  auto adapter = std::make_shared<model::LoraAdapter>();
-  adapter->name = "a";
-  o.adapters.push_back(std::move(adapter));
-  test::expect_error([&] { (void)on_gpu(o); }, {"LoRA adapters run on the CPU only"});
+  LoadedModel const base = load();
+  o.adapters.push_back(load_lora(std::string(QFLASH_SOURCE_DIR) + "/tests/fixtures/lora/austen", base));
+  test::expect_error([&] { (void)on_gpu(o); }, {"LoRA adapter 'austen' updates the experts", "--lora-merge"});
 }

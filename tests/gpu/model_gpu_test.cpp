@@ -1,6 +1,7 @@
 // The whole model on CUDA (runtime/cuda/model.hpp) against the transformers fixtures and its
 // CPU twin: logits of whole prompts and of token-by-token decode, the greedy continuation, a
-// ragged batch, the default model in several weight schemes, and what a device model refuses.
+// ragged batch, the default model in several weight schemes, LoRA adapters against PEFT, and what
+// a device model refuses.
 #include "gpu/gpu_main.hpp"
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "qflash/runtime/cuda/graph.hpp"
 #include "qflash/runtime/cuda/model.hpp"
 #include "qflash/runtime/load_model.hpp"
+#include "qflash/runtime/lora.hpp"
 #include "qflash/runtime/with_model.hpp"
 #include "support/tolerance.hpp"
 
@@ -157,9 +159,10 @@ Run on_cpu(runtime::LoadedModel m, std::vector<std::vector<std::int32_t>> const&
   return r;
 }
 
-Run on_gpu(runtime::LoadedModel m, std::vector<std::vector<std::int32_t>> const& prompts, int n_greedy) {
+Run on_gpu(runtime::LoadedModel m, std::vector<std::vector<std::int32_t>> const& prompts, int n_greedy,
+           model::ModelOptions const& opts = {}) {
   Run r;
-  runtime::with_cuda_model(std::move(m), 0, {}, false, [&](auto& model) { r = run(model, prompts, n_greedy); });
+  runtime::with_cuda_model(std::move(m), 0, opts, false, [&](auto& model) { r = run(model, prompts, n_greedy); });
   return r;
 }
 
@@ -305,11 +308,44 @@ TEST_CASE("model on CUDA: steps recorded as CUDA graphs give the logits of plain
   }
 }
 
+TEST_CASE("model on CUDA: LoRA adapters equal PEFT, unmerged where the device runs them and merged") {
+  std::string const fixtures = std::string(QFLASH_SOURCE_DIR) + "/tests/fixtures/lora/";
+  for (std::string const name : {"tiny_qwen3_moe", "austen"}) {
+    CAPTURE(name);
+    auto const ref = nlohmann::json::parse(std::ifstream(fixtures + name + "/reference.json"));
+    std::string const base = std::string(QFLASH_SOURCE_DIR) + "/" + ref["base_model"].get<std::string>();
+    std::vector<std::vector<std::int32_t>> const prompts{ref["prompt_ids"].get<std::vector<std::int32_t>>()};
+    auto const want_greedy = ref["greedy_ids"].get<std::vector<std::int32_t>>();
+    io::SafetensorsFile const tensors(fixtures + name + "/reference.safetensors");
+    std::vector<float> const want = io::read_f32(*tensors.find("logits"));
+    auto const adapter = runtime::load_lora(fixtures + name, load(base));
+    model::ModelOptions opts;
+    opts.lora = adapter;
+    if (!adapter->touches_experts()) {  // uploaded and run beside the base projections
+      Run const gpu = on_gpu(load(base), prompts, static_cast<int>(want_greedy.size()), opts);
+      double const d = test::max_abs_diff(gpu.full[0], want);
+      MESSAGE(name, " unmerged: max |dlogit| GPU vs PEFT = ", d);
+      CHECK(d <= kFixtureTol);
+      CHECK(gpu.greedy == want_greedy);
+    } else {
+      CHECK_THROWS_WITH_AS(on_gpu(load(base), prompts, 1, opts), doctest::Contains("updates the experts"), Error);
+    }
+    runtime::LoadedModel merged = load(base, runtime::WeightScheme::kF32);
+    runtime::merge_lora(merged, *adapter);
+    Run const gpu = on_gpu(std::move(merged), prompts, static_cast<int>(want_greedy.size()));
+    double const d = test::max_abs_diff(gpu.full[0], want);
+    MESSAGE(name, " merged: max |dlogit| GPU vs PEFT = ", d);
+    CHECK(d <= kFixtureTol);
+    CHECK(gpu.greedy == want_greedy);
+  }
+}
+
 TEST_CASE("model on CUDA: refused with a clear error") {
-  SUBCASE("a LoRA adapter") {
+  SUBCASE("a LoRA adapter in host memory") {
     runtime::with_cuda_model(load(kMicro), 0, {}, false, [&](auto& model) {
       model::LoraAdapter ad;
-      CHECK_THROWS_WITH_AS(model.check_lora(ad), doctest::Contains("LoRA adapters run on the CPU only"), Error);
+      ad.name = "host";
+      CHECK_THROWS_WITH_AS(model.check_lora(ad), doctest::Contains("'host' is in host memory"), Error);
     });
   }
   SUBCASE("a device that does not exist") {

@@ -117,6 +117,14 @@ struct LoraAdapter {
   std::vector<LoraLayer> layers;  ///< [n_layer]
   std::optional<WeightView> embed, lm_head;  ///< modules_to_save: whole tables [vocab, d_model]
   std::shared_ptr<void const> storage;      ///< keeps the bytes behind the views alive
+  int device = -1;  ///< -1: the views are host memory; else that CUDA device's (runtime/cuda/lora.hpp)
+
+  /// True when some layer updates the routed or shared experts.
+  [[nodiscard]] bool touches_experts() const {
+    for (auto const& l : layers)
+      if (l.touches_experts()) return true;
+    return false;
+  }
 };
 
 /// Throws Error unless `name` can name an adapter in requests, logs and prefix-cache keys:

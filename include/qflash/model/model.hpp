@@ -142,8 +142,15 @@ class Model {
   [[nodiscard]] StepRecorder const* recorder() const { return opts_.recorder.get(); }
   /// Throws Error unless `a` fits this model and this instance can run it.
   void check_lora(LoraAdapter const& a) const {
-    QFLASH_CHECK(!Arch::is_cuda, "LoRA adapters run on the CPU only: their weights are not uploaded to a ",
-                 Arch::name, " device");
+    if constexpr (Arch::is_cuda) {
+      QFLASH_CHECK(a.device >= 0, "LoRA adapter '", a.name, "' is in host memory; a ", Arch::name,
+                   " model reads adapters uploaded to its device (runtime/cuda/lora.hpp: upload_lora)");
+      QFLASH_CHECK(!a.touches_experts(), "LoRA adapter '", a.name, "' updates the experts, which run no adapter on a ",
+                   Arch::name, " device yet: merge it into the weights (runtime::merge_lora, --lora-merge)");
+    } else {
+      QFLASH_CHECK(a.device < 0, "LoRA adapter '", a.name, "' is on CUDA device ", a.device,
+                   "; this model runs on the CPU");
+    }
     QFLASH_CHECK(S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32,
                  "LoRA adapters need an instance compiled for f32 matrices (weights kAny); this one is ",
                  to_string(S.weights), "-only");
@@ -347,8 +354,8 @@ class Model {
     for (auto const& c : seqs) {
       LoraAdapter const* ad = c.adapter ? c.adapter : opts_.lora.get();
       if constexpr (Arch::is_cuda)
-        QFLASH_CHECK(!ad, "LoRA adapters run on the CPU only: their weights are not uploaded to a ", Arch::name,
-                     " device");
+        QFLASH_CHECK(!ad || ad->device >= 0, "forward: LoRA adapter '", ad->name, "' is in host memory; a ",
+                     Arch::name, " model reads adapters uploaded to its device (upload_lora)");
       batch_.seq_adapter.push_back(ad);
       std::int64_t const n = static_cast<std::int64_t>(c.tokens.size());
       if (ad && !batch_.adapter_runs.empty() && batch_.adapter_runs.back().adapter == ad &&

@@ -12,14 +12,18 @@
 #include <utility>
 
 #include "qflash/runtime/batch_engine.hpp"
+#include "qflash/runtime/cuda/lora.hpp"
 #include "qflash/runtime/cuda/model.hpp"
 
 namespace qflash::runtime {
 
 /// make_engine() with the model on CUDA device `device` (weights uploaded with a progress bar
-/// when asked), as the best compiled arch the device runs.
+/// when asked, and the LoRA adapters requests may name: upload_lora), as the best compiled arch
+/// the device runs.
 inline std::unique_ptr<Engine> make_cuda_engine(LoadedModel model, int device, io::Tokenizer tokenizer,
                                                 EngineOptions options, std::string model_id, bool progress) {
+  for (auto& adapter : options.adapters)
+    if (adapter) adapter = upload_lora(std::move(adapter), device);
   std::unique_ptr<Engine> engine;
   Status const s = on_cuda_arch(device, [&]<class Arch>(Arch) {
     engine = make_engine_as<Arch>(std::move(model), std::move(tokenizer), std::move(options), std::move(model_id),

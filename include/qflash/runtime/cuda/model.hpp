@@ -20,6 +20,7 @@
 #include "qflash/core/error.hpp"
 #include "qflash/runtime/cuda/device_weights.hpp"
 #include "qflash/runtime/cuda/graph.hpp"
+#include "qflash/runtime/cuda/lora.hpp"
 #include "qflash/runtime/cuda/memory.hpp"
 #include "qflash/runtime/dispatch.hpp"
 #include "qflash/runtime/load_model.hpp"
@@ -64,7 +65,8 @@ inline bool cuda_graphs_enabled() {
 /// working memory on the device (it replaces any opts.memory). Its steps are recorded as CUDA
 /// graphs by opts.recorder, or by a CudaGraphRecorder when cuda_graphs_enabled(), on the
 /// memory's stream unless opts.stream names one; without a recorder its work goes on
-/// opts.stream (default: the legacy stream). The host copy of the weights is dropped.
+/// opts.stream (default: the legacy stream). A LoRA adapter in opts.lora is uploaded
+/// (upload_lora). The host copy of the weights is dropped.
 template <MoeSpec S, class Arch>
   requires(Arch::is_cuda)
 std::unique_ptr<model::Model<S, Arch>> make_cuda_model(LoadedModel m, int device, model::ModelOptions opts,
@@ -73,6 +75,7 @@ std::unique_ptr<model::Model<S, Arch>> make_cuda_model(LoadedModel m, int device
   memory->activate();
   if (!opts.recorder && cuda_graphs_enabled()) opts.recorder = std::make_shared<CudaGraphRecorder>();
   if (opts.recorder && !opts.stream) opts.stream = memory->stream();  // the legacy stream is not recorded
+  if (opts.lora) opts.lora = upload_lora(std::move(opts.lora), device);
   DeviceModelWeights dw = upload_weights(m.weights, device, progress);
   m.weights = {};
   m.storage.reset();

@@ -1,5 +1,5 @@
 // The model's smaller ops on CUDA (gated_rmsnorm, gdn_gates, qk_norm_rope, causal_conv1d,
-// gated_delta, router_topk, embedding):
+// gated_delta, gdn_decode, router_topk, embedding):
 // every compiled instance (spec x arch) this device runs, against the CPU twins and the fp64
 // references, over the spec's shapes (or several when they are dynamic), rows past the grid
 // cap, y over x, strided heads, partial and full rotation, both norm-weight kinds, and a
@@ -24,6 +24,8 @@
 #include "qflash/kernels/gated_delta/ref.hpp"
 #include "qflash/kernels/gated_rmsnorm/cpu.hpp"
 #include "qflash/kernels/gated_rmsnorm/ref.hpp"
+#include "qflash/kernels/gdn_decode/cpu.hpp"
+#include "qflash/kernels/gdn_decode/ref.hpp"
 #include "qflash/kernels/gdn_gates/cpu.hpp"
 #include "qflash/kernels/gdn_gates/ref.hpp"
 #include "qflash/kernels/qk_norm_rope/cpu.hpp"
@@ -283,6 +285,85 @@ void check_gated_delta(DeltaCase const& c) {
   }
 }
 
+struct DecodeCase {
+  int n_head_k, n_head_v, d_k, d_v, d_conv;
+  bool tiled;
+  int n_seqs;  ///< decoding sequences, rows 2 i + 1 of a batch of 2 n_seqs + 1 rows
+  int steps;   ///< decode steps through the same states
+};
+
+/// gdn_decode on the device against its CPU twin and ref::gdn_decode, over several steps that
+/// carry each sequence's conv and recurrent state.
+template <MoeSpec S, class Tag>
+void check_gdn_decode(DecodeCase const& c) {
+  CAPTURE(c.n_head_k);
+  CAPTURE(c.n_head_v);
+  CAPTURE(c.d_k);
+  CAPTURE(c.d_v);
+  CAPTURE(c.d_conv);
+  CAPTURE(c.tiled);
+  CAPTURE(c.n_seqs);
+  std::int64_t const cd = 2 * std::int64_t{c.n_head_k} * c.d_k + std::int64_t{c.n_head_v} * c.d_v;
+  std::int64_t const vw = std::int64_t{c.n_head_v} * c.d_v, T = 2 * std::int64_t{c.n_seqs} + 1;
+  std::int64_t const conv_n = cd * (c.d_conv - 1), state_n = std::int64_t{c.n_head_v} * c.d_k * c.d_v;
+  std::vector<std::int64_t> rows;
+  for (int i = 0; i < c.n_seqs; ++i) rows.push_back(2 * i + 1);
+  auto const w = test::random_floats(static_cast<std::size_t>(cd * c.d_conv), 81, -0.5f, 0.5f);
+  auto conv_ref = test::random_floats(static_cast<std::size_t>(c.n_seqs * conv_n), 82);
+  auto state_ref = test::random_floats(static_cast<std::size_t>(c.n_seqs * state_n), 83, -0.3f, 0.3f);
+  auto conv_cpu = conv_ref, state_cpu = state_ref;
+  DeviceArray<float> dw(w), dconv(conv_ref), dstate(state_ref), dy(static_cast<std::size_t>(T * cd)),
+      dout(static_cast<std::size_t>(T * vw));
+  std::vector<float> y_ref(static_cast<std::size_t>(T * cd)), out_ref(static_cast<std::size_t>(T * vw));
+  auto y_cpu = y_ref, out_cpu = out_ref;
+  auto args = [&](float const* x, float const* g, float const* beta, float* y, float* out, float* conv, float* state,
+                  std::vector<float*>& cp, std::vector<float*>& sp, float const* weight) {
+    cp.clear();
+    sp.clear();
+    for (int i = 0; i < c.n_seqs; ++i) {
+      cp.push_back(conv + i * conv_n);
+      sp.push_back(state + i * state_n);
+    }
+    GdnDecodeArgs a{};
+    a.x = x, a.g = g, a.beta = beta, a.conv_out = y, a.out = out, a.rows = rows.data();
+    a.conv_state = cp.data(), a.state = sp.data(), a.conv_weight = weight, a.n_seqs = c.n_seqs;
+    a.n_head_k = c.n_head_k, a.n_head_v = c.n_head_v, a.d_k = c.d_k, a.d_v = c.d_v, a.d_conv = c.d_conv;
+    a.tiled_value_heads = c.tiled;
+    return a;
+  };
+  std::vector<float*> cp, sp;
+  for (int step = 0; step < c.steps; ++step) {
+    auto const x = test::random_floats(static_cast<std::size_t>(T * cd), 90 + step);
+    auto const g = test::random_floats(static_cast<std::size_t>(T * c.n_head_v), 110 + step, -1.0f, 0.0f);
+    auto const beta = test::random_floats(g.size(), 130 + step, 0.0f, 1.0f);
+    ref::gdn_decode(args(x.data(), g.data(), beta.data(), y_ref.data(), out_ref.data(), conv_ref.data(),
+                         state_ref.data(), cp, sp, w.data()));
+    REQUIRE(launch_gdn_decode<S>(arch::Cpu{}, args(x.data(), g.data(), beta.data(), y_cpu.data(), out_cpu.data(),
+                                                   conv_cpu.data(), state_cpu.data(), cp, sp, w.data())) ==
+            Status::kSuccess);
+    DeviceArray<float> dx(x), dg(g), dbeta(beta);
+    REQUIRE(launch_gdn_decode<S>(Tag{}, args(dx.get(), dg.get(), dbeta.get(), dy.get(), dout.get(), dconv.get(),
+                                             dstate.get(), cp, sp, dw.get()),
+                                 nullptr) == Status::kSuccess);
+    synchronize();
+  }
+  std::vector<float> const out = dout.download(), state = dstate.download(), conv = dconv.download();
+  for (auto const& [name, want_out, want_state, want_conv] :
+       {std::tuple{"CPU", out_cpu, state_cpu, conv_cpu}, std::tuple{"ref", out_ref, state_ref, conv_ref}}) {
+    std::vector<float> got_rows, want_rows;  // the decoding rows only: the others are never written
+    for (std::int64_t r : rows) {
+      got_rows.insert(got_rows.end(), out.begin() + r * vw, out.begin() + (r + 1) * vw);
+      want_rows.insert(want_rows.end(), want_out.begin() + r * vw, want_out.begin() + (r + 1) * vw);
+    }
+    auto const o = all_close<float, float>(got_rows, want_rows, kDelta);
+    CHECK_MESSAGE(o.ok, "GPU vs ", name, " (outputs): ", o.report);
+    auto const st = all_close<float, float>(state, want_state, kDelta);
+    CHECK_MESSAGE(st.ok, "GPU vs ", name, " (state): ", st.report);
+    auto const cs = all_close<float, float>(conv, want_conv, Tolerance{0, 0});
+    CHECK_MESSAGE(cs.ok, "GPU vs ", name, " (conv state): ", cs.report);
+  }
+}
+
 /// Routing of `tokens` tokens over n experts into k slots under `policy` (and, when
 /// per_token, a policy per token cycling through three): experts equal the CPU's, weights and
 /// the shared gate within fp32 rounding.
@@ -400,6 +481,14 @@ void check_instance() {
       check_gated_delta<S, Tag>({2, 6, 40, 70, {5, 1, 33}, false, false});
       check_gated_delta<S, Tag>({1, 1, 256, 16, {200}, false, false});
       check_gated_delta<S, Tag>({1, 1, 17, 33, {1, 2, 3}, true, false});
+    }
+    if constexpr (S.d_head_k_linear != kDynamic) {
+      check_gdn_decode<S, Tag>({S.n_head_k_linear, S.n_head_v_linear, S.d_head_k_linear, S.d_head_v_linear,
+                                S.d_conv != kDynamic ? S.d_conv : 4, false, 3, 3});
+    } else {
+      for (bool tiled : {false, true}) check_gdn_decode<S, Tag>({16, 32, 128, 128, 4, tiled, 2, 3});
+      check_gdn_decode<S, Tag>({2, 6, 40, 70, 3, false, 70, 2});  // two launches of sequences
+      check_gdn_decode<S, Tag>({1, 1, 17, 33, 1, true, 3, 2});    // no conv state
     }
   }
   std::vector<int> const dims = S.d_head != kDynamic ? std::vector<int>{S.d_head} : std::vector<int>{256, 128, 40};

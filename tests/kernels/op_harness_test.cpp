@@ -25,6 +25,8 @@
 #include "qflash/kernels/gated_delta/ref.hpp"
 #include "qflash/kernels/gated_rmsnorm/cpu.hpp"
 #include "qflash/kernels/gated_rmsnorm/ref.hpp"
+#include "qflash/kernels/gdn_decode/cpu.hpp"
+#include "qflash/kernels/gdn_decode/ref.hpp"
 #include "qflash/kernels/gdn_gates/cpu.hpp"
 #include "qflash/kernels/gdn_gates/ref.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
@@ -296,6 +298,57 @@ Outcome gdn_gates_case() {
 }
 
 template <MoeSpec S, class Arch>
+Outcome gdn_decode_case() {
+  int const hk = kTiny.n_head_k_linear, hv = kTiny.n_head_v_linear, dk = kTiny.d_head_k_linear;
+  int const dv = kTiny.d_head_v_linear, k = kTiny.d_conv;
+  std::int64_t const cd = 2 * hk * dk + hv * dv, T = 5;
+  std::vector<std::int64_t> rows{3, 0, 4};
+  auto x = rnd(T * cd, 31), w = rnd(cd * k, 32), g = rnd(T * hv, 33, -0.5f, 0.0f), beta = rnd(T * hv, 34, 0.0f, 1.0f);
+  std::vector<std::vector<float>> conv(rows.size()), state(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    conv[i] = rnd(cd * (k - 1), 35 + i);
+    state[i] = rnd(std::int64_t{hv} * dk * dv, 40 + i, -0.3f, 0.3f);
+  }
+  auto conv_ref = conv, state_ref = state;
+  std::vector<float> y(static_cast<std::size_t>(T * cd)), out(static_cast<std::size_t>(T * hv * dv));
+  auto y_ref = y, out_ref = out;
+  auto run = [&](std::vector<std::vector<float>>& cs, std::vector<std::vector<float>>& ss, float* conv_out,
+                 float* o, auto&& launch) {
+    std::vector<float*> cp, sp;
+    for (auto& c : cs) cp.push_back(c.data());
+    for (auto& s : ss) sp.push_back(s.data());
+    GdnDecodeArgs a{};
+    a.x = x.data();
+    a.g = g.data();
+    a.beta = beta.data();
+    a.conv_out = conv_out;
+    a.out = o;
+    a.rows = rows.data();
+    a.conv_state = cp.data();
+    a.state = sp.data();
+    a.conv_weight = w.data();
+    a.n_seqs = static_cast<int>(rows.size());
+    a.n_head_k = hk;
+    a.n_head_v = hv;
+    a.d_k = dk;
+    a.d_v = dv;
+    a.d_conv = k;
+    return launch(a);
+  };
+  run(conv_ref, state_ref, y_ref.data(), out_ref.data(), [](GdnDecodeArgs const& a) {
+    ref::gdn_decode(a);
+    return Status::kSuccess;
+  });
+  Status const st = run(conv, state, y.data(), out.data(),
+                        [](GdnDecodeArgs const& a) { return launch_gdn_decode<S>(Arch{}, a); });
+  auto o = compare(st, out, out_ref, Tolerance{5e-6, 5e-5});
+  for (std::size_t i = 0; i < rows.size() && o.status == Status::kSuccess && o.close.ok; ++i)
+    o.close = all_close<float, float>(state[i], state_ref[i], Tolerance{5e-6, 5e-5});
+  if (o.status == Status::kSuccess && o.close.ok) o.close = all_close<float, float>(y, y_ref, Tolerance{1e-6, 1e-5});
+  return o;
+}
+
+template <MoeSpec S, class Arch>
 Outcome embedding_case(WeightFormat f) {
   int const vocab = 19, d = kTiny.d_model;
   auto table = rnd(vocab * d, 30);
@@ -341,6 +394,7 @@ std::vector<OpCase> table() {
         [form] { return gated_delta_case<spec::generic, Cpu>(form); });
   add("gated_rmsnorm", gated_rmsnorm_case<kTiny, Cpu>, gated_rmsnorm_case<spec::generic, Cpu>);
   add("gdn_gates", gdn_gates_case<kTiny, Cpu>, gdn_gates_case<spec::generic, Cpu>);
+  add("gdn_decode", gdn_decode_case<kTiny, Cpu>, gdn_decode_case<spec::generic, Cpu>);
   return t;
 }
 

@@ -11,6 +11,7 @@
 #include "qflash/kernels/expert_ffn/cpu.hpp"
 #include "qflash/kernels/gated_delta/cpu.hpp"
 #include "qflash/kernels/gated_rmsnorm/cpu.hpp"
+#include "qflash/kernels/gdn_decode/cpu.hpp"
 #include "qflash/kernels/gdn_gates/cpu.hpp"
 #include "qflash/kernels/kv_append/cpu.hpp"
 #include "qflash/kernels/linear/cpu.hpp"

@@ -40,12 +40,11 @@ __device__ __forceinline__ void l2norm_warp(float const* x, int d, float eps, fl
   for (int i = lane; i < d; i += 32) y[i] = x[i] * f;
 }
 
-/// Grid: x column blocks of kCols, y value heads. Block: 32 * ceil(d_k / 32) threads.
-/// Shared: q̂ [d_k], k̂ [d_k], the warps' partial sums [2][warps][kCols].
-template <class Arch>
-__global__ void __launch_bounds__(32 * kMaxWarps) recurrent_kernel(Params const p) {
+/// One CTA's columns (blockIdx.x) of value head blockIdx.y over every token of `a`: the body
+/// of recurrent_kernel, and of kernels/gdn_decode's per-sequence step. Block: 32 * ceil(d_k / 32)
+/// threads. Shared: q̂ [d_k], k̂ [d_k], the warps' partial sums [2][warps][kCols].
+__device__ __forceinline__ void recurrent_columns(Params const& p, GatedDeltaArgs const& a) {
   extern __shared__ float smem[];
-  GatedDeltaArgs const& a = p.a;
   int const dk = a.d_k, dv = a.d_v;
   int const warps = static_cast<int>(blockDim.x / 32);
   int const warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
@@ -110,6 +109,12 @@ __global__ void __launch_bounds__(32 * kMaxWarps) recurrent_kernel(Params const 
     int const row = warp * kRows + i;
     if (has_col && row < dk) state[static_cast<std::int64_t>(row) * dv + col] = s[i];
   }
+}
+
+/// Grid: x column blocks of kCols, y value heads.
+template <class Arch>
+__global__ void __launch_bounds__(32 * kMaxWarps) recurrent_kernel(Params const p) {
+  recurrent_columns(p, p.a);
 }
 
 /// The body of `launch_gated_delta<S>(Arch, args, stream)` for a CUDA arch tag.

@@ -61,7 +61,7 @@ struct Batch {
 };
 
 /// Per-call scratch, reused across calls and layers, in the model's Memory (but for the LoRA
-/// expert tables, which only CPU models read).
+/// expert tables, which only CPU models read, and the host arrays of decoding sequences).
 struct Scratch {
   Memory* memory = host_memory().get();
   MemoryVector<float> proj, q, k, v, o, conv, z, beta, g, router, shared_gate;
@@ -70,6 +70,10 @@ struct Scratch {
   MemoryVector<float> lora;  ///< A x of a low-rank update
   std::vector<kernels::ExpertLora> expert_lora;
   std::vector<kernels::ExpertLora const*> token_lora;
+  /// A Gated DeltaNet layer's decoding sequences: their rows and states (kernels/gdn_decode
+  /// takes these arrays on the host).
+  std::vector<std::int64_t> decode_rows;
+  std::vector<float*> decode_conv_state, decode_state;
 
   /// Puts every buffer in `m` (emptied).
   void place_in(Memory* m) {

@@ -1,8 +1,8 @@
 /// @file
 /// The Gated DeltaNet mixer of qwen3_5_moe (MODELS.md §3c): projections, the causal conv over
-/// q|k|v with its carried state, the beta/g gates, the gated delta rule (chunked for prefill,
-/// recurrent for decode) on the sequence's recurrent state, the gated RMSNorm and the output
-/// projection.
+/// q|k|v with its carried state, the beta/g gates, the gated delta rule on the sequence's
+/// recurrent state (chunked for a prompt chunk; for every sequence decoding one token, conv and
+/// recurrence in one gdn_decode call), the gated RMSNorm and the output projection.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include "qflash/kernels/causal_conv1d/op.hpp"
 #include "qflash/kernels/gated_delta/op.hpp"
 #include "qflash/kernels/gated_rmsnorm/op.hpp"
+#include "qflash/kernels/gdn_decode/op.hpp"
 #include "qflash/kernels/gdn_gates/op.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/model/layers/common.hpp"
@@ -62,9 +63,19 @@ class GatedDeltaNet {
     ga.n_head_v = hv;
     check_launch(kernels::launch_gdn_gates<S>(Arch{}, ga, stream), "gdn_gates");
 
+    // Sequences decoding one token go through gdn_decode together; prompt chunks one by one.
+    s.decode_rows.clear();
+    s.decode_conv_state.clear();
+    s.decode_state.clear();
     for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
       std::int64_t const b = batch.begin[i], n = batch.rows_of(i);
       LinearState& st = batch.seqs[i].state->linear(layer_);
+      if (n == 1) {
+        s.decode_rows.push_back(b);
+        s.decode_conv_state.push_back(st.conv.data());
+        s.decode_state.push_back(st.recurrent.data());
+        continue;
+      }
       kernels::CausalConv1dArgs c{};
       c.x = mixed + b * conv_dim;
       c.weight = w_.conv.data();
@@ -91,9 +102,29 @@ class GatedDeltaNet {
       a.d_k = dk;
       a.d_v = dv;
       a.tiled_value_heads = cfg_.tiled_value_heads;
-      a.form = n == 1 ? kernels::DeltaRuleForm::kRecurrent : opts_.prefill_form;
+      a.form = opts_.prefill_form;
       a.chunk_size = opts_.chunk;
       check_launch(kernels::launch_gated_delta<S>(Arch{}, a, stream), "gated_delta");
+    }
+    if (!s.decode_rows.empty()) {
+      kernels::GdnDecodeArgs d{};
+      d.x = mixed;
+      d.g = g;
+      d.beta = beta;
+      d.conv_out = conv;
+      d.out = o;
+      d.rows = s.decode_rows.data();
+      d.conv_state = s.decode_conv_state.data();
+      d.state = s.decode_state.data();
+      d.conv_weight = w_.conv.data();
+      d.n_seqs = static_cast<int>(s.decode_rows.size());
+      d.n_head_k = hk;
+      d.n_head_v = hv;
+      d.d_k = dk;
+      d.d_v = dv;
+      d.d_conv = dim<S.d_conv>(cfg_.d_conv);
+      d.tiled_value_heads = cfg_.tiled_value_heads;
+      check_launch(kernels::launch_gdn_decode<S>(Arch{}, d, stream), "gdn_decode");
     }
 
     kernels::GatedRmsNormArgs gn{};

@@ -1,0 +1,85 @@
+/// @file
+/// One decode step of Gated DeltaNet for several sequences at once: for each sequence's one
+/// new token, the causal conv over q | k | v with its carried conv state and SiLU (as
+/// kernels/causal_conv1d), then the gated delta rule's recurrent step on its state (as
+/// kernels/gated_delta, kRecurrent), in one pass per q/k head and its value heads. It replaces
+/// one causal_conv1d and one gated_delta call per decoding sequence, and gives their results:
+/// the same arithmetic in the same order.
+///
+/// Row r = rows[i] of x, g, beta, conv_out and out belongs to sequence i, whose conv state and
+/// recurrent state are conv_state[i] and state[i]. The arrays of rows and state pointers are
+/// host memory (a CUDA launcher passes them in the kernels' parameters); the rows and states
+/// they point at are the arch's.
+#pragma once
+
+#include <cstdint>
+
+#include "qflash/arch/arch.hpp"
+#include "qflash/core/config.hpp"
+#include "qflash/core/status.hpp"
+#include "qflash/spec/moe_spec.hpp"
+
+namespace qflash::kernels {
+
+struct GdnDecodeArgs {
+  float const* x = nullptr;            // [.., conv_dim] pre-conv q | k | v rows, conv_dim = 2 n_head_k d_k + n_head_v d_v
+  float const* g = nullptr;            // [.., n_head_v] log decay, <= 0 (kernels/gdn_gates)
+  float const* beta = nullptr;         // [.., n_head_v]
+  float* conv_out = nullptr;           // [.., conv_dim] the conv's output rows (q, k, v after SiLU)
+  float* out = nullptr;                // [.., n_head_v d_v] o = Sᵀq̂ per value head
+  std::int64_t const* rows = nullptr;  // [n_seqs] the row of each sequence's token
+  float* const* conv_state = nullptr;  // [n_seqs] each [conv_dim, d_conv - 1], updated
+  float* const* state = nullptr;       // [n_seqs] each [n_head_v, d_k, d_v], updated
+  float const* conv_weight = nullptr;  // [conv_dim, d_conv]
+  int n_seqs = 0;
+  int n_head_k = 0;
+  int n_head_v = 0;
+  int d_k = 0;
+  int d_v = 0;
+  int d_conv = 0;
+  float l2norm_eps = 1e-6f;
+  bool tiled_value_heads = false;  ///< value head j reads q/k head j % n_head_k (GGUF order)
+
+  [[nodiscard]] QFLASH_HD std::int64_t conv_dim() const {
+    return 2 * std::int64_t{n_head_k} * d_k + std::int64_t{n_head_v} * d_v;
+  }
+};
+
+/// Checks arguments (not the rows' or states' extents, which live behind the pointer arrays);
+/// head counts and dims must equal the spec's linear-attention fields when those are static.
+template <MoeSpec S>
+[[nodiscard]] constexpr Status can_implement_gdn_decode(GdnDecodeArgs const& a) {
+  if (a.n_seqs < 0) return Status::kErrorInvalidProblem;
+  if (a.n_seqs == 0) return Status::kSuccess;
+  if (!a.x || !a.g || !a.beta || !a.conv_out || !a.out || !a.rows || !a.state || !a.conv_weight ||
+      (a.d_conv > 1 && !a.conv_state))
+    return Status::kErrorInvalidProblem;
+  if (a.n_head_k <= 0 || a.n_head_v <= 0 || a.d_k <= 0 || a.d_v <= 0 || a.d_conv <= 0 ||
+      a.n_head_v % a.n_head_k != 0 || !(a.l2norm_eps >= 0.0f))
+    return Status::kErrorInvalidProblem;
+  if (a.x == a.conv_out || a.out == a.conv_out || a.out == a.x) return Status::kErrorInvalidProblem;
+  if ((S.n_head_k_linear != kDynamic && a.n_head_k != S.n_head_k_linear) ||
+      (S.n_head_v_linear != kDynamic && a.n_head_v != S.n_head_v_linear) ||
+      (S.d_head_k_linear != kDynamic && a.d_k != S.d_head_k_linear) ||
+      (S.d_head_v_linear != kDynamic && a.d_v != S.d_head_v_linear) ||
+      (S.d_conv != kDynamic && a.d_conv != S.d_conv))
+    return Status::kErrorInvalidProblem;
+  return Status::kSuccess;
+}
+
+/// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device rows and
+/// states, host arrays of them).
+template <MoeSpec S>
+Status launch_gdn_decode(arch::Cpu, GdnDecodeArgs const& args, stream_t stream = nullptr);
+template <MoeSpec S>
+Status launch_gdn_decode(arch::Sm80, GdnDecodeArgs const& args, stream_t stream);
+template <MoeSpec S>
+Status launch_gdn_decode(arch::Sm90a, GdnDecodeArgs const& args, stream_t stream);
+template <MoeSpec S, class Arch>
+  requires(!arch::implemented_by<Arch, arch::Cpu, arch::Sm80, arch::Sm90a>)
+Status launch_gdn_decode(Arch, GdnDecodeArgs const&, stream_t = nullptr) {
+  static_assert(dependent_false<Arch>, "kernels/gdn_decode: no implementation for this arch");
+  return Status::kErrorArchMismatch;
+}
+
+}  // namespace qflash::kernels

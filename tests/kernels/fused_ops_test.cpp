@@ -3,7 +3,9 @@
 // the router's shared-expert gate column, each against its scalar reference.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <vector>
 
 #include "qflash/kernels/attention/cpu.hpp"
@@ -81,10 +83,13 @@ TEST_CASE("qk_norm_rope: strided heads, both weight kinds, static and generic d_
   CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
 }
 
-TEST_CASE("gdn_gates: sigmoid and softplus decay equal the fp64 reference") {
+TEST_CASE("gdn_gates: sigmoid and softplus decay equal the fp64 reference, every ISA path") {
   int const n_tok = 9, hv = 8;
   auto b = test::random_floats(static_cast<std::size_t>(n_tok * hv), 31, -30, 30);
   auto a_in = test::random_floats(static_cast<std::size_t>(n_tok * hv), 32, -30, 30);
+  // The edges: softplus's switch at 20, exp's clamp, zero, and values near them.
+  float const edges[] = {20.0f, 19.999f, 20.001f, -87.0f, -100.0f, 0.0f, -0.0f, 1e-7f, -1e-7f, 88.0f};
+  for (std::size_t i = 0; i < std::size(edges); ++i) b[i] = a_in[i] = edges[i];
   auto dt = test::random_floats(static_cast<std::size_t>(hv), 33, -1, 1);
   auto neg_a = test::random_floats(static_cast<std::size_t>(hv), 34, -4, -0.01f);
   auto beta = b, g = a_in, beta_ref = b, g_ref = a_in;
@@ -98,13 +103,47 @@ TEST_CASE("gdn_gates: sigmoid and softplus decay equal the fp64 reference") {
   ref::gdn_gates(args);
   args.beta = beta.data();
   args.g = g.data();
+  for (arch::CpuIsa isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512}) {
+    if (isa > arch::detect_cpu_isa()) continue;
+    CAPTURE(static_cast<int>(isa));
+    beta = b;
+    g = a_in;
+    args.beta = beta.data();
+    args.g = g.data();
+    REQUIRE(cpu::gdn_gates<kDynamic>(isa, args) == Status::kSuccess);
+    auto r = all_close<float, float>(beta, beta_ref, Tolerance{1e-6, 1e-6});
+    CHECK_MESSAGE(r.ok, r.report);
+    r = all_close<float, float>(g, g_ref, Tolerance{1e-6, 1e-5});
+    CHECK_MESSAGE(r.ok, r.report);
+    for (float v : g) CHECK(v <= 0.0f);
+  }
+  beta = b;
+  g = a_in;
+  args.beta = beta.data();
+  args.g = g.data();
+  REQUIRE(launch_gdn_gates<spec::generic>(arch::Cpu{}, args) == Status::kSuccess);  // arch::cpu_isa()'s path
+  CHECK(all_close<float, float>(g, g_ref, Tolerance{1e-6, 1e-5}).ok);
+  // NaN in, NaN out.
+  beta[0] = std::nanf("");
+  g[0] = std::nanf("");
   REQUIRE(launch_gdn_gates<spec::generic>(arch::Cpu{}, args) == Status::kSuccess);
-  auto r = all_close<float, float>(beta, beta_ref, Tolerance{1e-6, 1e-6});
-  CHECK_MESSAGE(r.ok, r.report);
-  r = all_close<float, float>(g, g_ref, Tolerance{1e-6, 1e-5});
-  CHECK_MESSAGE(r.ok, r.report);
-  for (float v : g) CHECK(v <= 0.0f);
+  CHECK(std::isnan(beta[0]));
+  CHECK(std::isnan(g[0]));
   CHECK(launch_gdn_gates<spec::qwen3_5_moe_tiny>(arch::Cpu{}, args) == Status::kErrorInvalidProblem);  // 4 heads
+}
+
+TEST_CASE("gdn_gates: log1p on [0, 1] within 2 ulp of fp64") {
+  double worst = 0;
+  for (int i = 0; i <= 100000; ++i) {
+    float const u = i == 0 ? 0.0f : std::ldexp(1.0f, -i % 140) * (1.0f + static_cast<float>(i % 977) / 977.0f) / 2.0f;
+    if (u > 1.0f) continue;
+    double const want = std::log1p(static_cast<double>(u));
+    double const got = cpu::gdn_gates_detail::log1p_unit_f32(u);
+    double const ulp = want == 0 ? 1e-45 : std::ldexp(1.0, std::ilogb(want) - 23);
+    worst = std::max(worst, std::fabs(got - want) / ulp);
+  }
+  MESSAGE("log1p_unit_f32: worst error ", worst, " ulp");
+  CHECK(worst <= 2.0);
 }
 
 TEST_CASE("embedding: rows decode as the format's dequantization; bad ids are refused") {

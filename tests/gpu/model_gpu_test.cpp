@@ -286,7 +286,7 @@ TEST_CASE("model on CUDA: the default model in every weight scheme equals the CP
   }
 }
 
-TEST_CASE("model on CUDA: steps recorded as CUDA graphs give the logits of plain launches") {
+TEST_CASE("model on CUDA: steps recorded as CUDA graphs give the logits and routes of plain launches") {
   std::vector<std::vector<std::int32_t>> const prompts = {{1, 17, 402, 33, 9, 1021, 77}, {3, 99, 14}};
   for (auto const w : {runtime::WeightScheme::kAuto, runtime::WeightScheme::kQ8_0}) {
     CAPTURE(static_cast<int>(w));
@@ -305,6 +305,19 @@ TEST_CASE("model on CUDA: steps recorded as CUDA graphs give the logits of plain
     CHECK(test::max_abs_diff(graphed.incremental, plain.incremental) == 0.0);
     CHECK(test::max_abs_diff(graphed.ragged, plain.ragged) == 0.0);
     CHECK(graphed.greedy == plain.greedy);
+
+    // A route observer reads each step's routing after the step: its steps are recorded too,
+    // and it sees what it sees without graphs.
+    Run plain_routes, graphed_routes;
+    runtime::with_cuda_model(load(kMicro, w), 0, {}, false, [&](auto& m) { plain_routes = run(m, prompts, 4); });
+    auto const observed = std::make_shared<runtime::CudaGraphRecorder>();
+    o.recorder = observed;
+    runtime::with_cuda_model(load(kMicro, w), 0, o, false, [&](auto& m) { graphed_routes = run(m, prompts, 4); });
+    CHECK(observed->failures() == 0);
+    CHECK(observed->updates() > 0);
+    CHECK(graphed_routes.full_routes == plain_routes.full_routes);
+    CHECK(graphed_routes.incremental_routes == plain_routes.incremental_routes);
+    CHECK(test::max_abs_diff(graphed_routes.incremental, plain_routes.incremental) == 0.0);
   }
 }
 

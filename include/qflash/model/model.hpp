@@ -115,7 +115,8 @@ class Model {
         mixers_.emplace_back(std::in_place_type<Attention>, cfg_, lw.attention, l, norm_kind_);
       else
         mixers_.emplace_back(std::in_place_type<DeltaNet>, cfg_, lw.linear, l, opts_.delta);
-      moe_.emplace_back(cfg_, lw.moe, l, &opts_.on_route);
+      moe_.emplace_back(cfg_, lw.moe, l, &opts_.on_route, Arch::is_cuda ? &step_routes_ : nullptr,
+                        static_cast<std::int64_t>(l), static_cast<std::int64_t>(w_.layers.size()));
     }
   }
   Model(Model const&) = delete;
@@ -197,6 +198,7 @@ class Model {
     // The step's device work, from the embedding to the logits: recorded and launched as one
     // when it has the shape of the step before (scratch sized already) and nothing observes it.
     auto enqueue = [&] {
+      step_routes_.clear();
       kernels::EmbeddingArgs e{};
       e.table = w_.embed;
       e.tokens = batch_.on_device.tokens;
@@ -249,7 +251,8 @@ class Model {
         }
     };
     StepShape const shape{T, static_cast<std::int64_t>(seqs.size()), which};
-    bool const recordable = opts_.recorder && !observe && !opts_.on_route && shape == last_shape_;
+    // A device model's route observer runs after the step (step_routes_), so it records too.
+    bool const recordable = opts_.recorder && !observe && (Arch::is_cuda || !opts_.on_route) && shape == last_shape_;
     last_shape_ = shape;
     if (!recordable || !opts_.recorder->run(stream, enqueue)) enqueue();
 
@@ -260,6 +263,7 @@ class Model {
     QFLASH_CHECK(bad == logits.size(), "the logits of batch row ", bad / static_cast<std::size_t>(cfg_.vocab),
                  " are not finite (NaN or Inf): the model's weights or activations overflowed or hold NaN/Inf "
                  "(qflash inspect --check-weights scans the weights)");
+    for (RouteRecord const& r : step_routes_) opts_.on_route(r);
 
     for (auto const& c : seqs) c.state->advance(static_cast<std::int64_t>(c.tokens.size()));
   }
@@ -400,6 +404,7 @@ class Model {
 
   // Per-call state, reused across calls.
   StepShape last_shape_;
+  std::vector<RouteRecord> step_routes_;  ///< a device model's routing in the step, for on_route after it
   Batch batch_;
   Scratch scratch_;
   MemoryVector<float> h_, xn_, mix_, logits_;

@@ -68,6 +68,9 @@ struct Scratch {
   MemoryVector<std::int32_t> routes;
   MemoryVector<float> route_weights;
   MemoryVector<float> lora;  ///< A x of a low-rank update
+  /// A device model's routing of every MoE layer in a step, for the route observer after it.
+  MemoryVector<float> step_router, step_route_weights;
+  MemoryVector<std::int32_t> step_routes;
   std::vector<kernels::ExpertLora> expert_lora;
   std::vector<kernels::ExpertLora const*> token_lora;
   /// A Gated DeltaNet layer's decoding sequences: their rows and states (kernels/gdn_decode
@@ -79,9 +82,11 @@ struct Scratch {
   void place_in(Memory* m) {
     memory = m;
     MemoryAllocator<float> const a(m);
-    for (auto* f : {&proj, &q, &k, &v, &o, &conv, &z, &beta, &g, &router, &shared_gate, &route_weights, &lora})
+    for (auto* f : {&proj, &q, &k, &v, &o, &conv, &z, &beta, &g, &router, &shared_gate, &route_weights, &lora,
+                    &step_router, &step_route_weights})
       *f = MemoryVector<float>(a);
     routes = MemoryVector<std::int32_t>(MemoryAllocator<std::int32_t>(m));
+    step_routes = MemoryVector<std::int32_t>(MemoryAllocator<std::int32_t>(m));
   }
 
   /// v's data with room for n elements. Buffers only grow, and the queued kernels are waited

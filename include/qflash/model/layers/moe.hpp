@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "qflash/kernels/expert_ffn/op.hpp"
 #include "qflash/kernels/router_topk/op.hpp"
@@ -50,15 +51,27 @@ struct RouteRecord {
     return {row, static_cast<std::size_t>(n)};
   }
 };
-/// Called by each MoE layer after routing, with the kernels' buffers (in the model's Memory;
-/// a device model waits for them first, so the host may read them).
+/// Called for each MoE layer's routing, with the kernels' buffers in the model's Memory: by the
+/// layer as it routes on the CPU; for a device model by Model::forward, layer by layer, once the
+/// step is done (so the host may read them).
 using RouteObserver = std::function<void(RouteRecord const&)>;
 
 template <MoeSpec S, class Arch>
 class MoeBlock {
  public:
-  MoeBlock(ModelConfig const& cfg, MoeWeights const& w, std::size_t layer, RouteObserver const* observer = nullptr)
-      : cfg_(cfg), w_(w), layer_(layer), observer_(observer) {}
+  /// @param deferred  a device model's list of the step's routing records, which Model::forward
+  ///   hands the observer once the step is done
+  /// @param slot, n_moe_layers  this block's place among the model's MoE blocks, and their count:
+  ///   where it keeps its routing until then
+  MoeBlock(ModelConfig const& cfg, MoeWeights const& w, std::size_t layer, RouteObserver const* observer = nullptr,
+           std::vector<RouteRecord>* deferred = nullptr, std::int64_t slot = 0, std::int64_t n_moe_layers = 1)
+      : cfg_(cfg),
+        w_(w),
+        layer_(layer),
+        observer_(observer),
+        deferred_(deferred),
+        slot_(slot),
+        n_moe_layers_(n_moe_layers) {}
 
   /// out = MoE(x) (out += when accumulate), routed as `b` says; fused_swiglu picks the experts'
   /// fusion (model/fusion.hpp). @param x [n_tokens, d_model] normed input; @param out [n_tokens, d_model]
@@ -69,9 +82,17 @@ class MoeBlock {
     int const k = b.route_slots > 0 ? b.route_slots : dim<S.n_expert_used>(cfg_.n_expert_used);
     std::int64_t const d = dim<S.d_model>(cfg_.d_model);
     bool const shared = w_.shared.has_value();
-    float* logits = s.sized(s.router, T * w_.router.rows);
-    std::int32_t* routes = s.sized(s.routes, T * k);
-    float* weights = s.sized(s.route_weights, T * k);
+    bool const observed = observer_ && *observer_;
+    // A device model's observer reads every layer's routing once the step is done (Model::forward),
+    // so each layer keeps its own: no wait per layer, and the step may still be one CUDA graph.
+    bool const deferred = observed && deferred_;
+    std::int64_t const n_logits = T * w_.router.rows;
+    float* logits = deferred ? s.sized(s.step_router, n_moe_layers_ * n_logits) + slot_ * n_logits
+                             : s.sized(s.router, n_logits);
+    std::int32_t* routes = deferred ? s.sized(s.step_routes, n_moe_layers_ * T * k) + slot_ * T * k
+                                    : s.sized(s.routes, T * k);
+    float* weights = deferred ? s.sized(s.step_route_weights, n_moe_layers_ * T * k) + slot_ * T * k
+                              : s.sized(s.route_weights, T * k);
     float* shared_gate = s.sized(s.shared_gate, T);
 
     project<S, Arch>(w_.router, x, T, logits, stream, "router");
@@ -89,9 +110,12 @@ class MoeBlock {
     r.token_policies = b.on_device.token_policies;
     r.shared_weights = shared ? shared_gate : nullptr;
     check_launch(kernels::launch_router_topk<S>(Arch{}, r, stream), "router_topk");
-    if (observer_ && *observer_) {
+    RouteRecord const record{layer_, T, n_expert, k, logits, w_.router.rows, routes, weights};
+    if (deferred) {
+      deferred_->push_back(record);
+    } else if (observed) {
       s.memory->synchronize(stream);  // the observer reads the choices on the host
-      (*observer_)(RouteRecord{layer_, T, n_expert, k, logits, w_.router.rows, routes, weights});
+      (*observer_)(record);
     }
 
     if (!accumulate) s.memory->zero(out, static_cast<std::size_t>(T * d) * sizeof(float), stream);
@@ -127,6 +151,8 @@ class MoeBlock {
   MoeWeights const& w_;
   std::size_t layer_;
   RouteObserver const* observer_;
+  std::vector<RouteRecord>* deferred_;
+  std::int64_t slot_, n_moe_layers_;
 };
 
 }  // namespace qflash::model

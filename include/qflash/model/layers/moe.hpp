@@ -87,7 +87,10 @@ class MoeBlock {
     // so each layer keeps its own: no wait per layer, and the step may still be one CUDA graph.
     bool const deferred = observed && deferred_;
     std::int64_t const n_logits = T * w_.router.rows;
-    float* logits = deferred ? s.sized(s.step_router, n_moe_layers_ * n_logits) + slot_ * n_logits
+    std::int64_t const slot_logits = T * (n_expert + 1);  // room for the shared-expert gate row in every layer
+    QFLASH_CHECK(!deferred || w_.router.rows <= n_expert + 1, "layer ", layer_, "'s router has ", w_.router.rows,
+                 " rows, more than its ", n_expert, " experts and a shared-expert gate");
+    float* logits = deferred ? s.sized(s.step_router, n_moe_layers_ * slot_logits) + slot_ * slot_logits
                              : s.sized(s.router, n_logits);
     std::int32_t* routes = deferred ? s.sized(s.step_routes, n_moe_layers_ * T * k) + slot_ * T * k
                                     : s.sized(s.routes, T * k);

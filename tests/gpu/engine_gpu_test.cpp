@@ -23,34 +23,21 @@ using namespace qflash::runtime;
 
 namespace {
 
-std::string const kDir = std::string(QFLASH_SOURCE_DIR) + "/models/qwen3_5_moe-micro";
-
 // fp32 weights on both sides: the kernels sum in another order, so two tokens whose
 // log-probabilities lie closer than this may swap places (model_gpu_test: logits within 1e-3).
 constexpr float kNearTie = 2e-3f;
 
-LoadedModel load() {
-  LoadOptions o;
-  o.progress = false;
-  return load_model(kDir, o);
-}
-io::Tokenizer tokenizer() { return io::Tokenizer::from_file(kDir + "/tokenizer.json"); }
+LoadedModel load() { return test::load_micro(); }
+io::Tokenizer tokenizer() { return test::micro_tokenizer(); }
 
 std::unique_ptr<Engine> on_gpu(EngineOptions o = {}) {
   return make_cuda_engine(load(), 0, tokenizer(), std::move(o), "micro", false);
 }
 std::unique_ptr<Engine> on_cpu(EngineOptions o = {}) { return make_engine(load(), tokenizer(), std::move(o), "micro"); }
 
-std::vector<std::int32_t> encode(std::string const& s) { return tokenizer().encode(s); }
+std::vector<std::int32_t> encode(std::string const& s) { return test::encode_micro(s); }
 
-std::vector<std::string> const kPrompts{
-    "It was a truth universally acknowledged",
-    "Mr. Darcy",
-    "She was",
-    "The morning was fine, and Elizabeth walked out to the garden where her sister sat reading a letter",
-    "\"My dear Jane,\" said she,",
-    "Emma",
-};
+std::vector<std::string> const& kPrompts = test::kEnginePrompts;
 
 /// A greedy request that also returns each token's two most likely alternatives.
 GenerationRequest greedy_with_logprobs(std::vector<std::int32_t> prompt, int max_tokens) {

@@ -25,14 +25,8 @@ using namespace qflash::runtime;
 
 namespace {
 
-std::string const kDir = std::string(QFLASH_SOURCE_DIR) + "/models/qwen3_5_moe-micro";
-
-LoadedModel load() {
-  LoadOptions o;
-  o.progress = false;
-  return load_model(kDir, o);
-}
-io::Tokenizer tokenizer() { return io::Tokenizer::from_file(kDir + "/tokenizer.json"); }
+LoadedModel load() { return test::load_micro(); }
+io::Tokenizer tokenizer() { return test::micro_tokenizer(); }
 
 std::unique_ptr<Engine> start(EngineOptions o = {}) { return make_engine(load(), tokenizer(), std::move(o), "micro"); }
 
@@ -55,16 +49,9 @@ GenerateResult reference(std::vector<std::int32_t> const& prompt, int max_tokens
   return out;
 }
 
-std::vector<std::string> const kPrompts{
-    "It was a truth universally acknowledged",
-    "Mr. Darcy",
-    "She was",
-    "The morning was fine, and Elizabeth walked out to the garden where her sister sat reading a letter",
-    "\"My dear Jane,\" said she,",
-    "Emma",
-};
+std::vector<std::string> const& kPrompts = test::kEnginePrompts;
 
-std::vector<std::int32_t> encode(std::string const& s) { return tokenizer().encode(s); }
+std::vector<std::int32_t> encode(std::string const& s) { return test::encode_micro(s); }
 
 }  // namespace
 

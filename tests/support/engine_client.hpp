@@ -1,6 +1,6 @@
 /// @file
-/// What engine tests do as a client of runtime::Engine: submit a greedy request, collect
-/// everything a request streamed, read one metric from the Prometheus text.
+/// What engine tests do as a client of runtime::Engine: the default model they serve and its
+/// prompts, a greedy request, everything a request streamed, one metric from the Prometheus text.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -13,10 +13,33 @@
 #include <utility>
 #include <vector>
 
+#include "qflash/io/tokenizer.hpp"
 #include "qflash/runtime/engine.hpp"
+#include "qflash/runtime/load_model.hpp"
 #include "qflash/runtime/request.hpp"
 
 namespace qflash::test {
+
+/// The embedded default model the engine tests serve.
+inline std::string const kMicroDir = std::string(QFLASH_SOURCE_DIR) + "/models/qwen3_5_moe-micro";
+
+inline runtime::LoadedModel load_micro() {
+  runtime::LoadOptions o;
+  o.progress = false;
+  return runtime::load_model(kMicroDir, o);
+}
+inline io::Tokenizer micro_tokenizer() { return io::Tokenizer::from_file(kMicroDir + "/tokenizer.json"); }
+inline std::vector<std::int32_t> encode_micro(std::string const& s) { return micro_tokenizer().encode(s); }
+
+/// Prompts of several lengths (one longer than a KV block).
+inline std::vector<std::string> const kEnginePrompts{
+    "It was a truth universally acknowledged",
+    "Mr. Darcy",
+    "She was",
+    "The morning was fine, and Elizabeth walked out to the garden where her sister sat reading a letter",
+    "\"My dear Jane,\" said she,",
+    "Emma",
+};
 
 /// Everything a request streamed, per choice.
 struct EngineResult {

@@ -123,13 +123,24 @@ inline void conv_item_baseline(CausalConv1dArgs const& a, std::int64_t t0, std::
   conv_item(a, t0, nt, c0, nc, scratch);
 }
 
+/// The work item compiled for ISA level `isa`.
+using ConvItemFn = void (*)(CausalConv1dArgs const&, std::int64_t, std::int64_t, std::int64_t, int, float*);
+inline ConvItemFn conv_item_fn(arch::CpuIsa isa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (isa >= arch::CpuIsa::kAvx512) return &conv_item_avx512;
+  if (isa >= arch::CpuIsa::kAvx2) return &conv_item_avx2;
+#endif
+  (void)isa;
+  return &conv_item_baseline;
+}
+
 /// New state: the last K-1 entries of [old state, x]. Position p of that sequence is
 /// old[p] for p < K-1, else x[p - (K-1)]; new[i] = position n_tokens + i >= i, so updating
 /// in place in increasing i reads every old entry before it is overwritten.
-inline void update_state(CausalConv1dArgs const& a) {
+inline void update_state(CausalConv1dArgs const& a, std::int64_t c0, std::int64_t c1) {
   int const k = a.d_conv;
   std::int64_t const n_ch = a.n_channels;
-  for (std::int64_t c = 0; c < n_ch; ++c)
+  for (std::int64_t c = c0; c < c1; ++c)
     for (int i = 0; i < k - 1; ++i) {
       std::int64_t const p = a.n_tokens + i;
       a.state[c * (k - 1) + i] = p < k - 1 ? a.state[c * (k - 1) + p] : a.x[(p - (k - 1)) * n_ch + c];
@@ -142,13 +153,7 @@ inline void update_state(CausalConv1dArgs const& a) {
 inline Status causal_conv1d(arch::CpuIsa isa, CausalConv1dArgs const& a) {
   namespace d = causal_conv1d_detail;
   if (Status s = can_implement_causal_conv1d<MoeSpec{}>(a); s != Status::kSuccess) return s;
-  auto* item_fn = &d::conv_item_baseline;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (isa >= arch::CpuIsa::kAvx512)
-    item_fn = &d::conv_item_avx512;
-  else if (isa >= arch::CpuIsa::kAvx2)
-    item_fn = &d::conv_item_avx2;
-#endif
+  d::ConvItemFn const item_fn = d::conv_item_fn(isa);
   std::int64_t const n_cb = (a.n_channels + d::kConvChannels - 1) / d::kConvChannels;
   std::int64_t const n_tb = (a.n_tokens + d::kConvTokens - 1) / d::kConvTokens;
   std::int64_t const n_items = n_cb * n_tb;
@@ -168,7 +173,7 @@ inline Status causal_conv1d(arch::CpuIsa isa, CausalConv1dArgs const& a) {
               scratch.data());
     }
   });
-  d::update_state(a);
+  d::update_state(a, 0, a.n_channels);
   return Status::kSuccess;
 }
 

@@ -25,30 +25,14 @@ namespace gdn_decode_detail {
 using gated_delta_detail::kTile;
 using gated_delta_detail::pad16;
 using gated_delta_detail::RowKernels;
+using causal_conv1d_detail::ConvItemFn;
 
 /// Channels [c0, c0 + n) of the token: y = silu(conv) from the state through causal_conv1d's
 /// own work item (its arithmetic, bit for bit), then the state moves on by the token.
-using ConvItemFn = void (*)(CausalConv1dArgs const&, std::int64_t, std::int64_t, std::int64_t, int, float*);
-
-inline ConvItemFn conv_item_fn(arch::CpuIsa isa) {
-  namespace c = causal_conv1d_detail;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (isa >= arch::CpuIsa::kAvx512) return &c::conv_item_avx512;
-  if (isa >= arch::CpuIsa::kAvx2) return &c::conv_item_avx2;
-#endif
-  (void)isa;
-  return &c::conv_item_baseline;
-}
-
 inline void conv_channels(ConvItemFn item, CausalConv1dArgs const& a, std::int64_t c0, std::int64_t n, float* scratch) {
-  int const k = a.d_conv;
   for (std::int64_t b = c0; b < c0 + n; b += causal_conv1d_detail::kConvChannels)
     item(a, 0, 1, b, static_cast<int>(std::min<std::int64_t>(causal_conv1d_detail::kConvChannels, c0 + n - b)), scratch);
-  for (std::int64_t c = c0; c < c0 + n && k > 1; ++c) {  // as causal_conv1d's update_state for one token
-    float* const st = a.state + c * (k - 1);
-    for (int i = 0; i + 1 < k - 1; ++i) st[i] = st[i + 1];
-    st[k - 2] = a.x[c];
-  }
+  causal_conv1d_detail::update_state(a, c0, c0 + n);
 }
 
 /// Scratch floats of one worker: q̂ and k̂ [d_k, padded], u and δ [kTile], the conv item's.
@@ -60,9 +44,10 @@ inline std::size_t scratch_floats(int d_k, int d_conv) {
 inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvItemFn conv_item, int i, int kh,
                         float* buf) {
   int const dk = a.d_k, dv = a.d_v, hv = a.n_head_v;
-  std::int64_t const cd = a.conv_dim(), key_dim = std::int64_t{a.n_head_k} * dk;
+  std::int64_t const key_dim = std::int64_t{a.n_head_k} * dk;
   std::int64_t const r = a.rows[i];
-  float* const y = a.conv_out + r * cd;
+  CausalConv1dArgs const c = a.conv_args(r, a.d_conv > 1 ? a.conv_state[i] : nullptr);
+  float* const y = c.y;
   int const group = hv / a.n_head_k;
   auto value_head = [&](int j) { return a.tiled_value_heads ? kh + j * a.n_head_k : kh * group + j; };
 
@@ -71,14 +56,6 @@ inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvItemFn
   float* const u = kn + pad16(dk);
   float* const delta = u + kTile;
   float* const conv_scratch = delta + kTile;
-  CausalConv1dArgs c{};
-  c.x = a.x + r * cd;
-  c.weight = a.conv_weight;
-  c.state = a.d_conv > 1 ? a.conv_state[i] : nullptr;
-  c.y = y;
-  c.n_tokens = 1;
-  c.n_channels = static_cast<int>(cd);
-  c.d_conv = a.d_conv;
   conv_channels(conv_item, c, std::int64_t{kh} * dk, dk, conv_scratch);
   conv_channels(conv_item, c, key_dim + std::int64_t{kh} * dk, dk, conv_scratch);
   for (int j = 0; j < group; ++j)
@@ -110,7 +87,7 @@ inline Status gdn_decode(arch::CpuIsa isa, GdnDecodeArgs const& a) {
   if (Status s = can_implement_gdn_decode<MoeSpec{}>(a); s != Status::kSuccess) return s;
   if (a.n_seqs == 0) return Status::kSuccess;
   gated_delta_detail::RowKernels const rk = gated_delta_detail::row_kernels(isa);
-  d::ConvItemFn const conv_item = d::conv_item_fn(isa);
+  d::ConvItemFn const conv_item = causal_conv1d_detail::conv_item_fn(isa);
   std::int64_t const hk = a.n_head_k;
   gated_delta_detail::for_each_item(a.n_seqs * hk, d::scratch_floats(a.d_k, a.d_conv),
                                     [&](std::int64_t item, float* buf) {

@@ -56,24 +56,9 @@ template <class Arch>
 __global__ void __launch_bounds__(32 * gated_delta_cuda::kMaxWarps) recurrent_kernel(Params const p) {
   GdnDecodeArgs const& a = p.a;
   int const i = static_cast<int>(blockIdx.z);
-  std::int64_t const cd = a.conv_dim(), key_dim = std::int64_t{a.n_head_k} * a.d_k, r = p.rows[i];
-  GatedDeltaArgs d{};
-  d.q = a.conv_out + r * cd;
-  d.k = d.q + key_dim;
-  d.v = d.q + 2 * key_dim;
-  d.g = a.g + r * a.n_head_v;
-  d.beta = a.beta + r * a.n_head_v;
-  d.state = p.state[i];
-  d.out = a.out + r * std::int64_t{a.n_head_v} * a.d_v;
-  d.n_tokens = 1;
-  d.n_head_k = a.n_head_k;
-  d.n_head_v = a.n_head_v;
-  d.d_k = a.d_k;
-  d.d_v = a.d_v;
-  d.l2norm_eps = a.l2norm_eps;
-  d.tiled_value_heads = a.tiled_value_heads;
+  GatedDeltaArgs const d = a.delta_args(p.rows[i], p.state[i]);
   gated_delta_cuda::Params g{};
-  g.qs = g.ks = g.vs = cd;
+  g.qs = g.ks = g.vs = d.q_stride;
   g.group = a.n_head_v / a.n_head_k;
   g.q_scale = 1.0f / sqrtf(static_cast<float>(a.d_k));
   gated_delta_cuda::recurrent_columns(g, d);

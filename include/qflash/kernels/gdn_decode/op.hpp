@@ -17,6 +17,8 @@
 #include "qflash/arch/arch.hpp"
 #include "qflash/core/config.hpp"
 #include "qflash/core/status.hpp"
+#include "qflash/kernels/causal_conv1d/op.hpp"
+#include "qflash/kernels/gated_delta/op.hpp"
 #include "qflash/spec/moe_spec.hpp"
 
 namespace qflash::kernels {
@@ -42,6 +44,44 @@ struct GdnDecodeArgs {
 
   [[nodiscard]] QFLASH_HD std::int64_t conv_dim() const {
     return 2 * std::int64_t{n_head_k} * d_k + std::int64_t{n_head_v} * d_v;
+  }
+
+  /// The causal_conv1d call this op makes for the sequence whose token is row `row`, with conv
+  /// state `state` (null when d_conv == 1).
+  [[nodiscard]] QFLASH_HD CausalConv1dArgs conv_args(std::int64_t row, float* state) const {
+    CausalConv1dArgs c{};
+    c.x = x + row * conv_dim();
+    c.weight = conv_weight;
+    c.state = d_conv > 1 ? state : nullptr;
+    c.y = conv_out + row * conv_dim();
+    c.n_tokens = 1;
+    c.n_channels = static_cast<int>(conv_dim());
+    c.d_conv = d_conv;
+    return c;
+  }
+
+  /// The recurrent gated_delta call this op makes for the sequence whose token is row `row`,
+  /// with recurrent state `s`: q, k and v read from that row of conv_out.
+  [[nodiscard]] QFLASH_HD GatedDeltaArgs delta_args(std::int64_t row, float* s) const {
+    std::int64_t const cd = conv_dim(), key_dim = std::int64_t{n_head_k} * d_k;
+    GatedDeltaArgs d{};
+    d.q = conv_out + row * cd;
+    d.k = d.q + key_dim;
+    d.v = d.q + 2 * key_dim;
+    d.q_stride = d.k_stride = d.v_stride = cd;
+    d.g = g + row * n_head_v;
+    d.beta = beta + row * n_head_v;
+    d.state = s;
+    d.out = out + row * std::int64_t{n_head_v} * d_v;
+    d.n_tokens = 1;
+    d.n_head_k = n_head_k;
+    d.n_head_v = n_head_v;
+    d.d_k = d_k;
+    d.d_v = d_v;
+    d.l2norm_eps = l2norm_eps;
+    d.tiled_value_heads = tiled_value_heads;
+    d.form = DeltaRuleForm::kRecurrent;
+    return d;
   }
 };
 

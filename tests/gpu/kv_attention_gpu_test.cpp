@@ -6,6 +6,9 @@
 //   kDot: fp32 sums in another order over values decoded with fused multiply-adds; decode
 //   with contexts long enough to split the keys over CTAs, prefill, odd head widths, GQA
 //   groups of 1 to 12, the output gate, blocks handed out in shuffled order.
+// - attention_decode (many sequences' append + attention in one call) equals its CPU twin and
+//   ref::attention_decode within kDot and writes the CPU's bytes: sequences of different
+//   lengths in one arena, rows out of order, split keys, more sequences than one launch takes.
 #include "gpu/gpu_main.hpp"
 
 #include <algorithm>
@@ -17,9 +20,12 @@
 
 #include "qflash/kernels/attention/cpu.hpp"
 #include "qflash/kernels/attention/ref.hpp"
+#include "qflash/kernels/attention_decode/cpu.hpp"
+#include "qflash/kernels/attention_decode/ref.hpp"
 #include "qflash/kernels/kv_append/cpu.hpp"
 #include "qflash/kernels/kv_append/ref.hpp"
 #include "qflash/kv/layer_cache.hpp"
+#include "support/attention_decode_case.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -197,6 +203,59 @@ void check_append(int n_kv, int d, std::vector<std::int64_t> const& runs, std::v
         Status::kErrorInvalidProblem);
 }
 
+/// One attention_decode step on the device against the CPU twin and the reference, from the
+/// same pool contents: the written rows within kDot, the arena after the appends byte for byte.
+template <MoeSpec S, class Tag>
+void check_attention_decode(test::DecodeCase const& c, std::vector<kv::KvFormats> const& heads) {
+  CAPTURE(c.n_head);
+  CAPTURE(c.n_kv);
+  CAPTURE(c.d);
+  CAPTURE(c.n_past.size());
+  CAPTURE(to_string(heads[0].k));
+  CAPTURE(to_string(heads[0].v));
+  test::DecodeStep ref_step(c, heads), cpu_step(c, heads), gpu_step(c, heads);
+  std::vector<float> want, cpu;
+  ref::attention_decode(ref_step.args(c, want));
+  REQUIRE(launch_attention_decode<S>(arch::Cpu{}, cpu_step.args(c, cpu)) == Status::kSuccess);
+
+  std::vector<float> host_out;
+  AttentionDecodeArgs a = gpu_step.args(c, host_out);
+  std::vector<std::uint8_t> const arena = gpu_step.arena();
+  DeviceArray<std::uint8_t> darena(arena);
+  std::vector<std::int32_t> all_tables;  // every sequence's table, one after another on the device
+  for (auto const& t : gpu_step.tables) all_tables.insert(all_tables.end(), t.begin(), t.end());
+  DeviceArray<std::int32_t> dtables(all_tables);
+  std::vector<std::int32_t const*> tables;
+  std::size_t offset = 0;
+  for (auto const& t : gpu_step.tables) {
+    tables.push_back(dtables.get() + offset);
+    offset += t.size();
+  }
+  DeviceArray<float> q(gpu_step.q), k(gpu_step.k), v(gpu_step.v), gate(gpu_step.gate), out(host_out);
+  a.q = q.get();
+  a.k = k.get();
+  a.v = v.get();
+  a.out = out.get();
+  if (a.gate) a.gate = gate.get() + c.d;
+  a.kv.base = darena.get();
+  a.block_tables = tables.data();
+  REQUIRE(launch_attention_decode<S>(Tag{}, a, nullptr) == Status::kSuccess);
+  QFLASH_TEST_CUDA(cudaDeviceSynchronize());
+  std::vector<float> const got = out.download();
+  std::int64_t const width = std::int64_t{c.n_head} * c.d;
+  auto decoding_rows = [&](std::vector<float> const& all) {  // the others are never written
+    std::vector<float> rows;
+    for (auto r : c.rows) rows.insert(rows.end(), all.begin() + r * width, all.begin() + (r + 1) * width);
+    return rows;
+  };
+  std::vector<float> const got_rows = decoding_rows(got), cpu_rows = decoding_rows(cpu), want_rows = decoding_rows(want);
+  auto const vs_cpu = all_close<float, float>(got_rows, cpu_rows, kDot);
+  CHECK_MESSAGE(vs_cpu.ok, "GPU vs CPU twin: ", vs_cpu.report);
+  auto const vs_ref = all_close<float, float>(got_rows, want_rows, kDot);
+  CHECK_MESSAGE(vs_ref.ok, "GPU vs ref: ", vs_ref.report);
+  CHECK_MESSAGE(darena.download() == cpu_step.arena(), "the appended vectors differ from the CPU's bytes");
+}
+
 template <class Tag, std::size_t I>
 void check_instance() {
   constexpr MoeSpec S = instances::kSpecs[I];
@@ -223,6 +282,22 @@ void check_instance() {
   int const n_kv = S.n_head_kv != kDynamic ? S.n_head_kv : 2;
   for (int d : S.d_head != kDynamic ? std::vector<int>{S.d_head} : std::vector<int>{40, 64, 130, 256})
     for (auto const& heads : layouts_for<S>(n_kv)) check_append<S, Tag>(n_kv, d, {1, 16, 28, 3}, heads);
+
+  // attention_decode: a first token, block ends, a context long enough to split the keys.
+  int const nh = S.n_head != kDynamic ? S.n_head : 16, dh = S.d_head != kDynamic ? S.d_head : 64;
+  std::vector<test::DecodeCase> decodes{{nh, n_kv, dh, true, {0, 15, 16, 1500}, {3, 0, 5, 1}, 6}};
+  if constexpr (S.n_head == kDynamic && S.d_head == kDynamic && S.n_head_kv == kDynamic) {
+    decodes.push_back({12, 1, 16, false, {5, 33}, {1, 0}, 2});  // a group of 12
+    decodes.push_back({2, 2, 40, true, {3, 700, 1}, {0, 1, 2}, 3});  // groups of 1, an odd width
+    test::DecodeCase many{4, 2, 128, true, {}, {}, 70};  // two launches of sequences
+    for (int i = 0; i < 70; ++i) {
+      many.n_past.push_back(7 * i);
+      many.rows.push_back(69 - i);
+    }
+    decodes.push_back(many);
+  }
+  for (auto const& c : decodes)
+    for (auto const& heads : layouts_for<S>(c.n_kv)) check_attention_decode<S, Tag>(c, heads);
 }
 
 template <class Tag>

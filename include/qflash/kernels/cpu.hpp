@@ -6,6 +6,7 @@
 
 #include "qflash/kernels/add_rmsnorm/cpu.hpp"
 #include "qflash/kernels/attention/cpu.hpp"
+#include "qflash/kernels/attention_decode/cpu.hpp"
 #include "qflash/kernels/causal_conv1d/cpu.hpp"
 #include "qflash/kernels/embedding/cpu.hpp"
 #include "qflash/kernels/expert_ffn/cpu.hpp"

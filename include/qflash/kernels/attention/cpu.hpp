@@ -300,38 +300,51 @@ QFLASH_TARGET_AVX2 void attention_group_avx2(AttentionGroup const& g) {
 QFLASH_SIMD_END
 #endif
 
+/// Work item (token t, pass `pass` over KV head kvh's query heads) of the op with heads of d.
+template <KvScheme Scheme>
+void attention_item([[maybe_unused]] arch::CpuIsa isa, AttentionArgs const& a, int d, std::int64_t t, int kvh,
+                    int pass) {
+  int const group = a.n_head / a.n_head_kv;
+  int const h0 = kvh * group + pass * kGroupPass;
+  std::int64_t const gate_hs = a.gate_head_stride ? a.gate_head_stride : d;
+  AttentionGroup g{};
+  g.kv = &a.kv;
+  g.kv_head = kvh;
+  g.n_keys = a.n_ctx - a.n_tokens + t + 1;
+  g.d = d;
+  g.scale = a.scale;
+  g.n_q = std::min(kGroupPass, (kvh + 1) * group - h0);
+  g.q = a.q + (t * a.n_head + h0) * d;
+  g.gate = a.gate ? a.gate + t * a.gate_token_stride + h0 * gate_hs : nullptr;
+  g.gate_stride = gate_hs;
+  g.out = a.out + (t * a.n_head + h0) * d;
+#if QFLASH_HAS_X86_SIMD
+  if (isa >= arch::CpuIsa::kAvx2 && d % 8 == 0) return attention_group_avx2<Scheme>(g);
+#endif
+  attention_group_scalar<Scheme>(g);
+}
+
+/// Passes of up to kGroupPass query heads over one KV head's group.
+inline int group_passes(AttentionArgs const& a) {
+  int const group = a.n_head / a.n_head_kv;
+  return (group + kGroupPass - 1) / kGroupPass;
+}
+
 /// The op for head width D (kDynamic: any) and KV scheme Scheme: the spec fields its loops
 /// depend on.
 template <int D, KvScheme Scheme = KvScheme::kAny>
 Status attention(arch::CpuIsa isa, AttentionArgs const& a) {
   int const d = dim<D>(a.d_head);
   if (d > kMaxHeadDim) return Status::kErrorNotSupported;
-  std::int64_t const gate_hs = a.gate_head_stride ? a.gate_head_stride : d;
   int const group = a.n_head / a.n_head_kv;
-  int const passes = (group + kGroupPass - 1) / kGroupPass;
+  int const passes = group_passes(a);
   std::int64_t const per_token = std::int64_t{a.n_head_kv} * passes;
   parallel_for(0, a.n_tokens * per_token, 2 * a.n_ctx * d * std::min(group, kGroupPass), [&](std::int64_t item) {
     // A causal row costs as many keys as it sees: rows go t = 0, n-1, 1, n-2, ..., so every
     // contiguous chunk of items (one per thread) holds about the same work.
     std::int64_t const fold = item / per_token;
     std::int64_t const t = fold % 2 == 0 ? fold / 2 : a.n_tokens - 1 - fold / 2;
-    int const kvh = static_cast<int>(item % per_token / passes);
-    int const h0 = kvh * group + static_cast<int>(item % passes) * kGroupPass;
-    AttentionGroup g{};
-    g.kv = &a.kv;
-    g.kv_head = kvh;
-    g.n_keys = a.n_ctx - a.n_tokens + t + 1;
-    g.d = d;
-    g.scale = a.scale;
-    g.n_q = std::min(kGroupPass, (kvh + 1) * group - h0);
-    g.q = a.q + (t * a.n_head + h0) * d;
-    g.gate = a.gate ? a.gate + t * a.gate_token_stride + h0 * gate_hs : nullptr;
-    g.gate_stride = gate_hs;
-    g.out = a.out + (t * a.n_head + h0) * d;
-#if QFLASH_HAS_X86_SIMD
-    if (isa >= arch::CpuIsa::kAvx2 && d % 8 == 0) return attention_group_avx2<Scheme>(g);
-#endif
-    attention_group_scalar<Scheme>(g);
+    attention_item<Scheme>(isa, a, d, t, static_cast<int>(item % per_token / passes), static_cast<int>(item % passes));
   });
   return Status::kSuccess;
 }

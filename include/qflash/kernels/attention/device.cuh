@@ -181,10 +181,11 @@ __device__ __forceinline__ void decode_chunk(KvFormat f, std::uint8_t const* vec
   }
 }
 
-/// The CTA decodes keys [s0, s0 + n_keys) of KV head h: K to sk, V to sv, each [n_keys, d].
+/// The CTA decodes keys [s0, s0 + n_keys) of KV head h of the sequence whose block table is
+/// `table`: K to sk, V to sv, each [n_keys, d].
 template <KvScheme kScheme>
-__device__ __forceinline__ void decode_tile(DeviceKv const& kv, int h, std::int64_t s0, int n_keys, float* sk,
-                                            float* sv) {
+__device__ __forceinline__ void decode_tile(DeviceKv const& kv, std::int32_t const* table, int h, std::int64_t s0,
+                                            int n_keys, float* sk, float* sv) {
   int const d = kv.d_head;
   int const chunks = (d + kChunk - 1) / kChunk;
   KvFormat const kf = kv::compiled_format(kScheme, kv.heads[h].k_format);
@@ -195,9 +196,9 @@ __device__ __forceinline__ void decode_tile(DeviceKv const& kv, int h, std::int6
     int const s = w / chunks;
     int const i0 = (w % chunks) * kChunk;
     if (is_v)
-      decode_chunk(vf, kv.value(s0 + s, h), d, i0, sv + s * d + i0);
+      decode_chunk(vf, kv.value(table, s0 + s, h), d, i0, sv + s * d + i0);
     else
-      decode_chunk(kf, kv.key(s0 + s, h), d, i0, sk + s * d + i0);
+      decode_chunk(kf, kv.key(table, s0 + s, h), d, i0, sk + s * d + i0);
   }
 }
 
@@ -215,42 +216,29 @@ __device__ __forceinline__ void store_row(Params const& p, std::int64_t t, int h
   }
 }
 
-/// Grid: x row tiles of kWarps rows, y KV heads, z key splits.
-template <class Arch, KvScheme kScheme, int kPerLane>
-__global__ void __launch_bounds__(kThreads, 1) attention_kernel(DeviceKv const kv, Params const p) {
+/// A row's running softmax over keys, lane i holding output dimensions i, i + 32, ...
+template <int kPerLane>
+struct RowState {
+  float q[kPerLane], o[kPerLane];
+  float mx = -INFINITY, sum = 0.0f;
+};
+
+/// The CTA walks keys [s_begin, s_end) of KV head kv_head (the sequence's block `table`) in
+/// tiles decoded to shared memory; each active warp folds those at or before its row's
+/// position `pos` into its RowState. Every thread of the CTA calls it with the same keys.
+template <KvScheme kScheme, int kPerLane>
+__device__ __forceinline__ void attend_keys(DeviceKv const& kv, std::int32_t const* table, int kv_head,
+                                            std::int64_t s_begin, std::int64_t s_end, std::int64_t pos, bool active,
+                                            float scale, float* smem, RowState<kPerLane>& st) {
   constexpr int kTile = tile_keys(kPerLane);
-  extern __shared__ float smem[];
-  int const d = p.d;
+  int const d = kv.d_head;
   float* const sk = smem;
   float* const sv = smem + kTile * d;
   int const lane = static_cast<int>(threadIdx.x % 32);
-  int const kv_head = static_cast<int>(blockIdx.y);
-  std::int64_t const rows = p.n_tokens * p.group;
-  std::int64_t const r0 = static_cast<std::int64_t>(blockIdx.x) * kWarps;
-  std::int64_t const r = r0 + threadIdx.x / 32;
-  bool const active = r < rows;
-  std::int64_t const t = active ? r / p.group : 0;
-  int const h = kv_head * p.group + (active ? static_cast<int>(r % p.group) : 0);
-  std::int64_t const first = p.n_ctx - p.n_tokens;  // the first new token's position
-  std::int64_t const pos = first + t;               // the row's last visible key
-  std::int64_t const cta_keys = first + (std::min(r0 + kWarps, rows) - 1) / p.group + 1;
-  std::int64_t const s_begin = static_cast<std::int64_t>(blockIdx.z) * p.split_keys;
-  std::int64_t const s_end = std::min(cta_keys, s_begin + p.split_keys);
-
-  float q[kPerLane], o[kPerLane];
-  float const* qrow = p.q + (t * p.n_head + h) * d;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    int const i = lane + 32 * j;
-    q[j] = active && i < d ? qrow[i] : 0.0f;
-    o[j] = 0.0f;
-  }
-  float mx = -INFINITY, sum = 0.0f;
-
   for (std::int64_t s0 = s_begin; s0 < s_end; s0 += kTile) {
     int const n_keys = static_cast<int>(std::min<std::int64_t>(kTile, s_end - s0));
     __syncthreads();  // the previous tile's readers are done
-    decode_tile<kScheme>(kv, kv_head, s0, n_keys, sk, sv);
+    decode_tile<kScheme>(kv, table, kv_head, s0, n_keys, sk, sv);
     __syncthreads();
     if (!active) continue;
     float score[kTile];
@@ -263,54 +251,94 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(DeviceKv const k
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) {
           int const i = lane + 32 * j;
-          if (i < d) part = fmaf(q[j], sk[s * d + i], part);
+          if (i < d) part = fmaf(st.q[j], sk[s * d + i], part);
         }
-        score[s] = cuda::warp_sum(part) * p.scale;
+        score[s] = cuda::warp_sum(part) * scale;
         tile_max = fmaxf(tile_max, score[s]);
       }
     }
     if (tile_max == -INFINITY) continue;
-    float const new_max = fmaxf(mx, tile_max);
-    float const rescale = expf(mx - new_max);  // 0 on the first keys
-    sum *= rescale;
+    float const new_max = fmaxf(st.mx, tile_max);
+    float const rescale = expf(st.mx - new_max);  // 0 on the first keys
+    st.sum *= rescale;
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) o[j] *= rescale;
+    for (int j = 0; j < kPerLane; ++j) st.o[j] *= rescale;
 #pragma unroll
     for (int s = 0; s < kTile; ++s) {
       if (score[s] == -INFINITY) continue;
       float const w = expf(score[s] - new_max);
-      sum += w;
+      st.sum += w;
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         int const i = lane + 32 * j;
-        if (i < d) o[j] = fmaf(w, sv[s * d + i], o[j]);
+        if (i < d) st.o[j] = fmaf(w, sv[s * d + i], st.o[j]);
       }
     }
-    mx = new_max;
-  }
-  if (!active) return;
-  if (!p.part_o) {
-    store_row(p, t, h, o, 1.0f / sum, lane);
-    return;
-  }
-  std::int64_t const row = static_cast<std::int64_t>(blockIdx.z) * p.n_tokens * p.n_head + t * p.n_head + h;
-  float* po = p.part_o + row * d;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j)
-    if (lane + 32 * j < d) po[lane + 32 * j] = o[j];
-  if (lane == 0) {
-    p.part_ml[2 * row] = mx;
-    p.part_ml[2 * row + 1] = sum;
+    st.mx = new_max;
   }
 }
 
-/// One warp per output row merges the key splits' partial results.
-template <class Arch, int kPerLane>
-__global__ void __launch_bounds__(kThreads) combine_kernel(Params const p, int n_split) {
-  std::int64_t const rows = p.n_tokens * p.n_head;
-  std::int64_t const row = (static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+/// Loads query row `qrow` into st (zeros for an inactive warp).
+template <int kPerLane>
+__device__ __forceinline__ void load_query(float const* qrow, int d, bool active, RowState<kPerLane>& st) {
   int const lane = static_cast<int>(threadIdx.x % 32);
-  if (row >= rows) return;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    int const i = lane + 32 * j;
+    st.q[j] = active && i < d ? qrow[i] : 0.0f;
+    st.o[j] = 0.0f;
+  }
+}
+
+/// Writes a row's state: to out (token t, head h) when the keys are not split, else as split
+/// z's partial result in row `part_row` of the workspace.
+template <int kPerLane>
+__device__ __forceinline__ void finish_row(Params const& p, std::int64_t t, int h, std::int64_t part_row,
+                                           RowState<kPerLane> const& st) {
+  int const lane = static_cast<int>(threadIdx.x % 32);
+  if (!p.part_o) {
+    store_row(p, t, h, st.o, 1.0f / st.sum, lane);
+    return;
+  }
+  float* po = p.part_o + part_row * p.d;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < p.d) po[lane + 32 * j] = st.o[j];
+  if (lane == 0) {
+    p.part_ml[2 * part_row] = st.mx;
+    p.part_ml[2 * part_row + 1] = st.sum;
+  }
+}
+
+/// Grid: x row tiles of kWarps rows, y KV heads, z key splits.
+template <class Arch, KvScheme kScheme, int kPerLane>
+__global__ void __launch_bounds__(kThreads, 1) attention_kernel(DeviceKv const kv, Params const p) {
+  extern __shared__ float smem[];
+  int const kv_head = static_cast<int>(blockIdx.y);
+  std::int64_t const rows = p.n_tokens * p.group;
+  std::int64_t const r0 = static_cast<std::int64_t>(blockIdx.x) * kWarps;
+  std::int64_t const r = r0 + threadIdx.x / 32;
+  bool const active = r < rows;
+  std::int64_t const t = active ? r / p.group : 0;
+  int const h = kv_head * p.group + (active ? static_cast<int>(r % p.group) : 0);
+  std::int64_t const first = p.n_ctx - p.n_tokens;  // the first new token's position
+  std::int64_t const cta_keys = first + (std::min(r0 + kWarps, rows) - 1) / p.group + 1;
+  std::int64_t const s_begin = static_cast<std::int64_t>(blockIdx.z) * p.split_keys;
+  std::int64_t const s_end = std::min(cta_keys, s_begin + p.split_keys);
+
+  RowState<kPerLane> st;
+  load_query(p.q + (t * p.n_head + h) * p.d, p.d, active, st);
+  attend_keys<kScheme>(kv, kv.block_table, kv_head, s_begin, s_end, first + t, active, p.scale, smem, st);
+  if (!active) return;
+  finish_row(p, t, h, static_cast<std::int64_t>(blockIdx.z) * p.n_tokens * p.n_head + t * p.n_head + h, st);
+}
+
+/// Merges the key splits' partial results of workspace row `row` (of `rows` per split) and
+/// stores them as token t, head h. One warp.
+template <int kPerLane>
+__device__ __forceinline__ void combine_row(Params const& p, std::int64_t rows, std::int64_t row, int n_split,
+                                            std::int64_t t, int h) {
+  int const lane = static_cast<int>(threadIdx.x % 32);
   float mx = -INFINITY;
   for (int z = 0; z < n_split; ++z) mx = fmaxf(mx, p.part_ml[2 * (z * rows + row)]);
   float o[kPerLane] = {};
@@ -324,7 +352,16 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Params const p, int n
     for (int j = 0; j < kPerLane; ++j)
       if (lane + 32 * j < p.d) o[j] = fmaf(w, p.part_o[zr * p.d + lane + 32 * j], o[j]);
   }
-  store_row(p, row / p.n_head, static_cast<int>(row % p.n_head), o, 1.0f / sum, lane);
+  store_row(p, t, h, o, 1.0f / sum, lane);
+}
+
+/// One warp per output row merges the key splits' partial results.
+template <class Arch, int kPerLane>
+__global__ void __launch_bounds__(kThreads) combine_kernel(Params const p, int n_split) {
+  std::int64_t const rows = p.n_tokens * p.n_head;
+  std::int64_t const row = (static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  if (row >= rows) return;
+  combine_row<kPerLane>(p, rows, row, n_split, row / p.n_head, static_cast<int>(row % p.n_head));
 }
 
 /// Splits of the keys: enough CTAs to fill the device twice, each split kSplitKeys or more.
@@ -339,24 +376,41 @@ inline std::int64_t split_count(std::int64_t ctas, std::int64_t n_ctx) {
   return std::clamp<std::int64_t>(std::min(want, n_ctx / kSplitKeys), 1, kMaxSplits);
 }
 
+/// Splits the keys of `n_ctx` positions for `ctas` CTAs per split (p.split_keys a multiple
+/// of the tile) and, for more than one split, points p's partial results at the stream's
+/// workspace, `rows` rows per split. Returns the split count, 0 when the workspace failed.
+template <int kPerLane>
+std::int64_t plan_splits(Params& p, std::int64_t ctas, std::int64_t n_ctx, std::int64_t rows, cudaStream_t stream) {
+  constexpr int kTile = tile_keys(kPerLane);
+  std::int64_t n_split = split_count(ctas, n_ctx);
+  p.split_keys = (n_ctx + n_split - 1) / n_split;
+  p.split_keys = (p.split_keys + kTile - 1) / kTile * kTile;
+  n_split = (n_ctx + p.split_keys - 1) / p.split_keys;
+  p.part_o = p.part_ml = nullptr;
+  if (n_split > 1) {
+    std::size_t const floats = static_cast<std::size_t>(n_split * rows) * static_cast<std::size_t>(p.d + 2);
+    void* const workspace = cuda::stream_workspace(stream, floats * sizeof(float));
+    if (!workspace) return 0;
+    p.part_o = static_cast<float*>(workspace);
+    p.part_ml = p.part_o + n_split * rows * p.d;
+  }
+  return n_split;
+}
+
+/// Shared memory of attend_keys's two tiles.
+template <int kPerLane>
+std::size_t tile_smem(int d) {
+  return 2 * static_cast<std::size_t>(tile_keys(kPerLane)) * static_cast<std::size_t>(d) * sizeof(float);
+}
+
 template <class Arch, KvScheme kScheme, int kPerLane>
 Status launch_per_lane(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t stream) {
-  constexpr int kTile = tile_keys(kPerLane);
   std::int64_t const row_tiles = (p.n_tokens * p.group + kWarps - 1) / kWarps;
-  std::int64_t n_split = split_count(row_tiles * n_head_kv, p.n_ctx);
-  p.split_keys = (p.n_ctx + n_split - 1) / n_split;
-  p.split_keys = (p.split_keys + kTile - 1) / kTile * kTile;
-  n_split = (p.n_ctx + p.split_keys - 1) / p.split_keys;
-  if (n_split > 1) {
-    std::size_t const floats = static_cast<std::size_t>(n_split * p.n_tokens * p.n_head) * static_cast<std::size_t>(p.d + 2);
-    void* const workspace = cuda::stream_workspace(stream, floats * sizeof(float));
-    if (!workspace) return Status::kErrorCuda;
-    p.part_o = static_cast<float*>(workspace);
-    p.part_ml = p.part_o + n_split * p.n_tokens * p.n_head * p.d;
-  }
-  std::size_t const smem = 2 * static_cast<std::size_t>(kTile) * static_cast<std::size_t>(p.d) * sizeof(float);
+  std::int64_t const n_split =
+      plan_splits<kPerLane>(p, row_tiles * n_head_kv, p.n_ctx, p.n_tokens * p.n_head, stream);
+  if (n_split == 0) return Status::kErrorCuda;
   dim3 const grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n_split));
-  attention_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, smem, stream>>>(kv, p);
+  attention_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, tile_smem<kPerLane>(p.d), stream>>>(kv, p);
   Status status = cuda::last_launch_status();
   if (n_split > 1 && status == Status::kSuccess) {
     std::int64_t const warps = p.n_tokens * p.n_head;

@@ -34,15 +34,19 @@ struct DeviceKv {
   int d_head;
   kv::KvHeadLayout heads[kMaxKvHeads];
 
-  __device__ __forceinline__ std::uint8_t* block(std::int64_t pos) const {
-    return base + static_cast<std::int64_t>(block_table[pos / block_tokens]) * block_bytes;
+  /// Position `pos` of the sequence whose block table is `table` (the arena's layout, another
+  /// sequence's blocks).
+  __device__ __forceinline__ std::uint8_t* block(std::int32_t const* table, std::int64_t pos) const {
+    return base + static_cast<std::int64_t>(table[pos / block_tokens]) * block_bytes;
   }
-  __device__ __forceinline__ std::uint8_t* key(std::int64_t pos, int h) const {
-    return block(pos) + heads[h].k_offset + (pos % block_tokens) * heads[h].k_bytes;
+  __device__ __forceinline__ std::uint8_t* key(std::int32_t const* table, std::int64_t pos, int h) const {
+    return block(table, pos) + heads[h].k_offset + (pos % block_tokens) * heads[h].k_bytes;
   }
-  __device__ __forceinline__ std::uint8_t* value(std::int64_t pos, int h) const {
-    return block(pos) + heads[h].v_offset + (pos % block_tokens) * heads[h].v_bytes;
+  __device__ __forceinline__ std::uint8_t* value(std::int32_t const* table, std::int64_t pos, int h) const {
+    return block(table, pos) + heads[h].v_offset + (pos % block_tokens) * heads[h].v_bytes;
   }
+  __device__ __forceinline__ std::uint8_t* key(std::int64_t pos, int h) const { return key(block_table, pos, h); }
+  __device__ __forceinline__ std::uint8_t* value(std::int64_t pos, int h) const { return value(block_table, pos, h); }
 };
 
 /// kErrorNotSupported when the view has more heads than a launch takes.

@@ -73,10 +73,13 @@ struct Scratch {
   MemoryVector<std::int32_t> step_routes;
   std::vector<kernels::ExpertLora> expert_lora;
   std::vector<kernels::ExpertLora const*> token_lora;
-  /// A Gated DeltaNet layer's decoding sequences: their rows and states (kernels/gdn_decode
-  /// takes these arrays on the host).
+  /// A layer's sequences decoding one token: their rows, and their states (Gated DeltaNet,
+  /// kernels/gdn_decode) or block tables and lengths (attention, kernels/attention_decode);
+  /// the kernels take these arrays on the host.
   std::vector<std::int64_t> decode_rows;
   std::vector<float*> decode_conv_state, decode_state;
+  std::vector<std::int32_t const*> decode_tables;
+  std::vector<std::int64_t> decode_n_blocks, decode_n_ctx;
 
   /// Puts every buffer in `m` (emptied).
   void place_in(Memory* m) {

@@ -3,13 +3,15 @@
 /// with partial RoPE, K/V appended to the sequence's cache, causal GQA attention with the
 /// optional sigmoid output gate fused in (qwen3_5_moe: q_proj yields [query | gate] per head),
 /// and the output projection. K/V go to the sequence's paged cache in its heads' formats
-/// (kv_append) and attention reads them there.
+/// (kv_append) and attention reads them there; every sequence decoding one token does both in
+/// one attention_decode call.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "qflash/kernels/attention/op.hpp"
+#include "qflash/kernels/attention_decode/op.hpp"
 #include "qflash/kernels/kv_append/op.hpp"
 #include "qflash/kernels/qk_norm_rope/op.hpp"
 #include "qflash/model/config.hpp"
@@ -48,11 +50,28 @@ class GatedAttention {
     norm_rope(qg, w_.q.rows, q_head_stride, w_.q_norm.data(), q, nh, batch, stream);
     norm_rope(k, kv_width, dh, w_.k_norm.data(), k, nkv, batch, stream);
 
+    float const scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    // Sequences decoding one token go through attention_decode together (those in the first
+    // one's KV pool: one arena); prompt chunks one by one.
+    s.decode_rows.clear();
+    s.decode_tables.clear();
+    s.decode_n_blocks.clear();
+    s.decode_n_ctx.clear();
+    kv::KvView decode_kv{};
     for (std::size_t i = 0; i < batch.seqs.size(); ++i) {
       std::int64_t const b = batch.begin[i], n = batch.rows_of(i);
       SequenceState const& state = *batch.seqs[i].state;
+      kv::KvView const view = state.kv(layer_);
+      if (n == 1 && s.decode_rows.empty()) decode_kv = view;
+      if (n == 1 && view.base == decode_kv.base) {
+        s.decode_rows.push_back(b);
+        s.decode_tables.push_back(view.block_table);
+        s.decode_n_blocks.push_back(view.n_blocks);
+        s.decode_n_ctx.push_back(state.n_past() + 1);
+        continue;
+      }
       kernels::KvAppendArgs ap{};
-      ap.kv = state.kv(layer_);
+      ap.kv = view;
       ap.k = k + b * kv_width;
       ap.v = v + b * kv_width;
       ap.n_tokens = n;
@@ -60,20 +79,43 @@ class GatedAttention {
       check_launch(kernels::launch_kv_append<S>(Arch{}, ap, stream), "kv_append");
       kernels::AttentionArgs a{};
       a.q = q + b * q_width;
-      a.kv = ap.kv;
+      a.kv = view;
       a.out = o + b * q_width;
       a.n_tokens = n;
       a.n_ctx = state.n_past() + n;
       a.n_head = nh;
       a.n_head_kv = nkv;
       a.d_head = dh;
-      a.scale = 1.0f / std::sqrt(static_cast<float>(dh));
+      a.scale = scale;
       if (gated) {
         a.gate = qg + b * w_.q.rows + dh;
         a.gate_token_stride = w_.q.rows;
         a.gate_head_stride = q_head_stride;
       }
       check_launch(kernels::launch_attention<S>(Arch{}, a, stream), "attention");
+    }
+    if (!s.decode_rows.empty()) {
+      kernels::AttentionDecodeArgs d{};
+      d.q = q;
+      d.k = k;
+      d.v = v;
+      d.out = o;
+      if (gated) {
+        d.gate = qg + dh;
+        d.gate_token_stride = w_.q.rows;
+        d.gate_head_stride = q_head_stride;
+      }
+      d.kv = decode_kv;
+      d.rows = s.decode_rows.data();
+      d.block_tables = s.decode_tables.data();
+      d.n_blocks = s.decode_n_blocks.data();
+      d.n_ctx = s.decode_n_ctx.data();
+      d.n_seqs = static_cast<int>(s.decode_rows.size());
+      d.n_head = nh;
+      d.n_head_kv = nkv;
+      d.d_head = dh;
+      d.scale = scale;
+      check_launch(kernels::launch_attention_decode<S>(Arch{}, d, stream), "attention_decode");
     }
     project<S, Arch>(w_.o, batch, {layer_, &LoraLayer::o}, o, out, s, stream, "o_proj", accumulate);
   }

@@ -1,0 +1,16 @@
+/// @file
+/// One attention decode step for several sequences (kernels/attention_decode) for sm_80 (A100 class; newer GPUs run it through its PTX).
+/// Included only by the generated instance TUs `cuda_<spec>_sm80.cu`; consumers include
+/// op.hpp and link the instances.
+#pragma once
+
+#include "qflash/kernels/attention_decode/device.cuh"
+
+namespace qflash::kernels {
+
+template <MoeSpec S>
+Status launch_attention_decode(arch::Sm80, AttentionDecodeArgs const& args, stream_t stream) {
+  return attention_decode_cuda::launch<arch::Sm80, S>(args, stream);
+}
+
+}  // namespace qflash::kernels

@@ -364,25 +364,30 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Params const p, int n
   combine_row<kPerLane>(p, rows, row, n_split, row / p.n_head, static_cast<int>(row % p.n_head));
 }
 
-/// Splits of the keys: enough CTAs to fill the device twice, each split kSplitKeys or more.
-inline std::int64_t split_count(std::int64_t ctas, std::int64_t n_ctx) {
-  if (n_ctx < 2 * kSplitKeys) return 1;
+/// Streaming multiprocessors of the current device; 0 when they cannot be read.
+inline int sm_count() {
   int device = 0, n_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 1;
-  if (ctas >= 2 * n_sm) return 1;
+    return 0;
+  return n_sm;
+}
+
+/// Splits of the keys: enough CTAs to fill the device twice, each split kSplitKeys or more.
+inline std::int64_t split_count(std::int64_t ctas, std::int64_t n_ctx) {
+  if (n_ctx < 2 * kSplitKeys) return 1;
+  int const n_sm = sm_count();
+  if (n_sm == 0 || ctas >= 2 * n_sm) return 1;
   std::int64_t const want = (2 * n_sm + ctas - 1) / ctas;
   return std::clamp<std::int64_t>(std::min(want, n_ctx / kSplitKeys), 1, kMaxSplits);
 }
 
-/// Splits the keys of `n_ctx` positions for `ctas` CTAs per split (p.split_keys a multiple
-/// of the tile) and, for more than one split, points p's partial results at the stream's
-/// workspace, `rows` rows per split. Returns the split count, 0 when the workspace failed.
+/// Splits the keys of `n_ctx` positions `n_split` ways (p.split_keys a multiple of the tile)
+/// and, for more than one split, points p's partial results at the stream's workspace, `rows`
+/// rows per split. Returns the split count after rounding, 0 when the workspace failed.
 template <int kPerLane>
-std::int64_t plan_splits(Params& p, std::int64_t ctas, std::int64_t n_ctx, std::int64_t rows, cudaStream_t stream) {
+std::int64_t use_splits(Params& p, std::int64_t n_split, std::int64_t n_ctx, std::int64_t rows, cudaStream_t stream) {
   constexpr int kTile = tile_keys(kPerLane);
-  std::int64_t n_split = split_count(ctas, n_ctx);
   p.split_keys = (n_ctx + n_split - 1) / n_split;
   p.split_keys = (p.split_keys + kTile - 1) / kTile * kTile;
   n_split = (n_ctx + p.split_keys - 1) / p.split_keys;
@@ -395,6 +400,12 @@ std::int64_t plan_splits(Params& p, std::int64_t ctas, std::int64_t n_ctx, std::
     p.part_ml = p.part_o + n_split * rows * p.d;
   }
   return n_split;
+}
+
+/// use_splits with split_count's plan for `ctas` CTAs per split.
+template <int kPerLane>
+std::int64_t plan_splits(Params& p, std::int64_t ctas, std::int64_t n_ctx, std::int64_t rows, cudaStream_t stream) {
+  return use_splits<kPerLane>(p, split_count(ctas, n_ctx), n_ctx, rows, stream);
 }
 
 /// Shared memory of attend_keys's two tiles.

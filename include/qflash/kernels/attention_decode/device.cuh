@@ -8,8 +8,8 @@
 ///  2. decode_kernel: attention/device.cuh's CTA (attend_keys) with the sequence in
 ///     blockIdx.x: a CTA holds up to kWarps query heads of one KV head of one sequence.
 ///  3. combine_kernel: merges the key splits (flash-decoding), as attention's does.
-/// The splits are planned for the longest sequence; a shorter one's later splits see no keys
-/// and add nothing.
+/// The splits are planned from all the sequences' keys and counted over the longest; a shorter
+/// one's later splits see no keys and add nothing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -94,8 +94,22 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Params const P, int n
                                         static_cast<int>(row % p.n_head));
 }
 
+/// Key splits for sequences of different lengths: from the work of all (`cta_keys`, each
+/// CTA's keys summed), enough splits that the CTAs with keys fill the device twice, each split
+/// kSplitKeys keys or more, counted over the longest (`max_ctx`). A shorter sequence's later
+/// splits hold no keys and end at once.
+inline std::int64_t split_count(std::int64_t cta_keys, std::int64_t max_ctx) {
+  using attention_cuda::kSplitKeys;
+  if (max_ctx < 2 * kSplitKeys) return 1;
+  std::int64_t const n_sm = attention_cuda::sm_count();
+  if (n_sm == 0) return 1;
+  std::int64_t const keys_per_cta = std::max<std::int64_t>(kSplitKeys, (cta_keys + 2 * n_sm - 1) / (2 * n_sm));
+  return std::clamp<std::int64_t>((max_ctx + keys_per_cta - 1) / keys_per_cta, 1, attention_cuda::kMaxSplits);
+}
+
 template <class Arch, KvScheme kScheme, int kPerLane>
-Status launch_per_lane(DeviceKv const& kv, Params& P, std::int64_t max_ctx, cudaStream_t stream) {
+Status launch_per_lane(DeviceKv const& kv, Params& P, std::int64_t max_ctx, std::int64_t total_ctx,
+                       cudaStream_t stream) {
   std::int64_t const append_threads = std::int64_t{P.n_seqs} * kv.n_head_kv * 2 * 32;
   auto const append_blocks =
       static_cast<unsigned>((append_threads + kv_cuda::kAppendThreads - 1) / kv_cuda::kAppendThreads);
@@ -105,7 +119,8 @@ Status launch_per_lane(DeviceKv const& kv, Params& P, std::int64_t max_ctx, cuda
   std::int64_t const row_tiles = (P.p.group + kWarps - 1) / kWarps;
   std::int64_t const ctas = P.n_seqs * row_tiles;
   std::int64_t const rows = std::int64_t{P.n_seqs} * P.p.n_head;
-  std::int64_t const n_split = attention_cuda::plan_splits<kPerLane>(P.p, ctas * kv.n_head_kv, max_ctx, rows, stream);
+  std::int64_t const n_split = attention_cuda::use_splits<kPerLane>(
+      P.p, split_count(total_ctx * row_tiles * kv.n_head_kv, max_ctx), max_ctx, rows, stream);
   if (n_split == 0) return Status::kErrorCuda;
   dim3 const grid(static_cast<unsigned>(ctas), static_cast<unsigned>(kv.n_head_kv), static_cast<unsigned>(n_split));
   decode_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, attention_cuda::tile_smem<kPerLane>(P.p.d), stream>>>(kv, P);
@@ -136,23 +151,24 @@ Status launch(AttentionDecodeArgs const& a, stream_t stream) {
     P.k = a.k;
     P.v = a.v;
     P.n_seqs = std::min(kSeqsPerLaunch, a.n_seqs - first);
-    std::int64_t max_ctx = 0;
+    std::int64_t max_ctx = 0, total_ctx = 0;
     for (int i = 0; i < P.n_seqs; ++i) {
       P.rows[i] = a.rows[first + i];
       P.n_ctx[i] = a.n_ctx[first + i];
       P.tables[i] = a.block_tables[first + i];
       max_ctx = std::max(max_ctx, P.n_ctx[i]);
+      total_ctx += P.n_ctx[i];
     }
     Status s = Status::kSuccess;
     if constexpr (S.d_head != kDynamic) {
-      s = launch_per_lane<Arch, S.kv, per_lane(S.d_head)>(kv, P, max_ctx, cs);
+      s = launch_per_lane<Arch, S.kv, per_lane(S.d_head)>(kv, P, max_ctx, total_ctx, cs);
     } else {
       switch (per_lane(a.d_head)) {
-        case 1: s = launch_per_lane<Arch, S.kv, 1>(kv, P, max_ctx, cs); break;
-        case 2: s = launch_per_lane<Arch, S.kv, 2>(kv, P, max_ctx, cs); break;
-        case 4: s = launch_per_lane<Arch, S.kv, 4>(kv, P, max_ctx, cs); break;
-        case 8: s = launch_per_lane<Arch, S.kv, 8>(kv, P, max_ctx, cs); break;
-        default: s = launch_per_lane<Arch, S.kv, 16>(kv, P, max_ctx, cs); break;
+        case 1: s = launch_per_lane<Arch, S.kv, 1>(kv, P, max_ctx, total_ctx, cs); break;
+        case 2: s = launch_per_lane<Arch, S.kv, 2>(kv, P, max_ctx, total_ctx, cs); break;
+        case 4: s = launch_per_lane<Arch, S.kv, 4>(kv, P, max_ctx, total_ctx, cs); break;
+        case 8: s = launch_per_lane<Arch, S.kv, 8>(kv, P, max_ctx, total_ctx, cs); break;
+        default: s = launch_per_lane<Arch, S.kv, 16>(kv, P, max_ctx, total_ctx, cs); break;
       }
     }
     if (s != Status::kSuccess) return s;

@@ -3,11 +3,13 @@
 /// token (row rows[i] of q, k, v, gate and out), its key and value are appended at position
 /// n_ctx[i] - 1 of its paged cache (as kernels/kv_append) and the token attends over
 /// positions [0, n_ctx[i]) (as kernels/attention). It replaces one kv_append and one
-/// attention call per decoding sequence, and gives their results: the same arithmetic.
+/// attention call per decoding sequence and gives their results: bit for bit on the CPU; on
+/// CUDA within rounding (the keys are split for the whole launch, so sums run in another order).
 ///
 /// The sequences share the layer's KV arena and head layouts (`kv`); each has its own block
-/// table. The arrays of rows, tables and lengths are host memory (a CUDA launcher passes them
-/// in the kernels' parameters); the rows and tables they point at are the arch's.
+/// table, and their rows are distinct (each writes its own out row). The arrays of rows,
+/// tables and lengths are host memory (a CUDA launcher passes them in the kernels'
+/// parameters); the rows and tables they point at are the arch's.
 #pragma once
 
 #include <cstdint>

@@ -3,8 +3,8 @@
 /// with partial RoPE, K/V appended to the sequence's cache, causal GQA attention with the
 /// optional sigmoid output gate fused in (qwen3_5_moe: q_proj yields [query | gate] per head),
 /// and the output projection. K/V go to the sequence's paged cache in its heads' formats
-/// (kv_append) and attention reads them there; every sequence decoding one token does both in
-/// one attention_decode call.
+/// (kv_append) and attention reads them there; the sequences decoding one token (those in one
+/// KV pool) do both in one attention_decode call.
 #pragma once
 
 #include <cmath>

@@ -189,7 +189,8 @@ class Model {
       observe(index, {rows, static_cast<std::size_t>(T * d)});
     };
 
-    // Logits of the rows asked for: every row, or each sequence's last (gathered into mix).
+    // Logits of the rows asked for: every row, or each sequence's last (gathered into mix when
+    // some sequence has more than one).
     std::int64_t const n_rows = which == LogitsFor::kLastToken ? static_cast<std::int64_t>(seqs.size()) : T;
     logits.resize(static_cast<std::size_t>(n_rows * cfg_.vocab));
     // A device model projects into its memory, then brings the logits to the host.
@@ -235,7 +236,7 @@ class Model {
       seen(cfg_.n_layer + 1, xn);
 
       float const* rows = xn;
-      if (which == LogitsFor::kLastToken) {
+      if (which == LogitsFor::kLastToken && n_rows != T) {
         for (std::size_t i = 0; i < seqs.size(); ++i)
           mem.copy(mix + static_cast<std::int64_t>(i) * d, xn + (batch_.begin[i + 1] - 1) * d,
                    static_cast<std::size_t>(d) * sizeof(float), stream);

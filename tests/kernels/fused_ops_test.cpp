@@ -63,6 +63,15 @@ TEST_CASE("qk_norm_rope: strided heads, both weight kinds, static and generic d_
         a.y = y_static.data();
         REQUIRE(launch_qk_norm_rope<spec::qwen3_5_moe_tiny>(arch::Cpu{}, a) == Status::kSuccess);
         CHECK(y_static == y);
+        for (auto isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512}) {  // each body
+          if (arch::detect_cpu_isa() < isa) continue;
+          CAPTURE(to_string(isa));
+          std::vector<float> y_isa(y.size());
+          a.y = y_isa.data();
+          REQUIRE(cpu::qk_norm_rope<kDynamic>(isa, a) == Status::kSuccess);
+          auto ri = all_close<float, float>(y_isa, ref_y, kTol);
+          CHECK_MESSAGE(ri.ok, ri.report);
+        }
       }
   QkNormRopeArgs bad{};
   CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, bad) == Status::kErrorInvalidProblem);

@@ -501,35 +501,47 @@ TEST_CASE("attention: causal GQA equals the reference, incremental equals full")
   CHECK(launch_attention<spec::generic>(arch::Cpu{}, bad) == Status::kErrorInvalidProblem);
 }
 
-TEST_CASE("router_topk: same expert sets and weights as the reference; weights sum to 1") {
+TEST_CASE("router_topk: same expert sets and weights as the reference on every ISA; weights sum to 1") {
   for (auto [n_expert, k] : std::vector<std::array<int, 2>>{{8, 2}, {31, 4}, {71, 8}, {129, 8}, {256, 8}}) {
-    CAPTURE(n_expert);
-    int const n_tok = 5;
-    auto logits = test::random_floats(static_cast<std::size_t>(n_tok * n_expert), 11, -4, 4);
-    std::vector<std::int32_t> e(static_cast<std::size_t>(n_tok * k)), e_ref(e.size());
-    std::vector<float> w(e.size()), w_ref(e.size());
-    RouterTopkArgs a{};
-    a.logits = logits.data();
-    a.n_tokens = n_tok;
-    a.n_expert = n_expert;
-    a.n_expert_used = k;
-    a.experts = e_ref.data();
-    a.weights = w_ref.data();
-    ref::router_topk(a);
-    a.experts = e.data();
-    a.weights = w.data();
-    REQUIRE(launch_router_topk<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
-    for (int t = 0; t < n_tok; ++t) {
-      auto row = [&](auto const& v) {
-        return std::set<std::int32_t>(v.begin() + t * k, v.begin() + (t + 1) * k);
-      };
-      CHECK(row(e) == row(e_ref));
-      float const sum = std::accumulate(w.begin() + t * k, w.begin() + (t + 1) * k, 0.0f);
-      CHECK(sum == doctest::Approx(1.0).epsilon(1e-6));
-      for (int j = 1; j < k; ++j) CHECK(w[static_cast<std::size_t>(t * k + j - 1)] >= w[static_cast<std::size_t>(t * k + j)]);
+    for (auto isa : isas_here()) {
+      CAPTURE(n_expert);
+      CAPTURE(to_string(isa));
+      int const n_tok = 5;
+      auto logits = test::random_floats(static_cast<std::size_t>(n_tok * n_expert), 11, -4, 4);
+      std::vector<std::int32_t> e(static_cast<std::size_t>(n_tok * k)), e_ref(e.size());
+      std::vector<float> w(e.size()), w_ref(e.size());
+      RouterTopkArgs a{};
+      a.logits = logits.data();
+      a.n_tokens = n_tok;
+      a.n_expert = n_expert;
+      a.n_expert_used = k;
+      a.experts = e_ref.data();
+      a.weights = w_ref.data();
+      ref::router_topk(a);
+      a.experts = e.data();
+      a.weights = w.data();
+      REQUIRE(cpu::router_topk<kDynamic, kDynamic>(isa, a) == Status::kSuccess);
+      for (int t = 0; t < n_tok; ++t) {
+        auto row = [&](auto const& v) {
+          return std::set<std::int32_t>(v.begin() + t * k, v.begin() + (t + 1) * k);
+        };
+        CHECK(row(e) == row(e_ref));
+        float const sum = std::accumulate(w.begin() + t * k, w.begin() + (t + 1) * k, 0.0f);
+        CHECK(sum == doctest::Approx(1.0).epsilon(1e-6));
+        for (int j = 1; j < k; ++j) CHECK(w[static_cast<std::size_t>(t * k + j - 1)] >= w[static_cast<std::size_t>(t * k + j)]);
+      }
+      auto r = all_close<float, float>(w, w_ref, Tolerance{1e-6, 1e-5});
+      CHECK_MESSAGE(r.ok, r.report);
+      if (isa == arch::cpu_isa()) {  // the launcher runs this level
+        std::vector<std::int32_t> e_launch(e.size());
+        std::vector<float> w_launch(w.size());
+        a.experts = e_launch.data();
+        a.weights = w_launch.data();
+        REQUIRE(launch_router_topk<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+        CHECK(e_launch == e);
+        CHECK(w_launch == w);
+      }
     }
-    auto r = all_close<float, float>(w, w_ref, Tolerance{1e-6, 1e-5});
-    CHECK_MESSAGE(r.ok, r.report);
   }
   // The compiled spec's expert count is enforced.
   std::vector<float> l(8);

@@ -345,6 +345,42 @@ TEST_CASE("linear: q8_0 on AVX-VNNI gives the AVX2 sign-trick kernels' sums bit 
   }
 }
 
+TEST_CASE("linear: q4_k, q6_k and int4 on AVX-VNNI give the AVX2 kernels' sums bit for bit") {
+  if (!arch::avx_vnni()) {
+    MESSAGE("skipped: this CPU has no AVX-VNNI (or QFLASH_AVX_VNNI=0)");
+    return;
+  }
+  constexpr int kRows = 2, kTokens = 4;
+  for (WeightFormat f : {WeightFormat::kQ4K, WeightFormat::kQ6K, WeightFormat::kInt4})
+    for (std::int64_t n : {256, 3 * 256}) {
+      CAPTURE(to_string(f));
+      CAPTURE(n);
+      auto const wf = test::random_floats(static_cast<std::size_t>(kRows * n), 51);
+      auto const w = encode_matrix(f, wf.data(), kRows, n);
+      auto const xf = test::random_floats(static_cast<std::size_t>(kTokens * n), 52, -3, 3);
+      cpu::ActBlocks const k = cpu::act_blocks(f);
+      std::int64_t const xs = cpu::act_row_bytes(k, n), nb = cpu::act_row_blocks(k, n);
+      std::vector<std::byte> xq(static_cast<std::size_t>(kTokens * xs));
+      for (int t = 0; t < kTokens; ++t) cpu::quantize_activations(k, xf.data() + t * n, n, xq.data() + t * xs);
+      auto check = [&]<class WB, class XB>() {
+        auto const* wb = static_cast<WB const*>(w.view.data);
+        std::int64_t const stride = w.view.row_bytes();
+        XB const* x[kTokens];
+        for (int t = 0; t < kTokens; ++t) x[t] = reinterpret_cast<XB const*>(xq.data() + t * xs);
+        float want[kTokens], got[kTokens];
+        cpu::dot_avx2<kRows, false>(wb, stride, x[1], nb, want);  // decode: one token, two rows
+        cpu::dot_avx2<kRows, true>(wb, stride, x[1], nb, got);
+        CHECK(std::memcmp(want, got, sizeof(float) * kRows) == 0);
+        cpu::dot_tokens_avx2<kTokens, false>(wb, x, nb, want);  // prefill: one row, four tokens
+        cpu::dot_tokens_avx2<kTokens, true>(wb, x, nb, got);
+        CHECK(std::memcmp(want, got, sizeof(float) * kTokens) == 0);
+      };
+      if (f == WeightFormat::kQ4K) check.operator()<gguf::BlockQ4K, gguf::BlockQ8K>();
+      if (f == WeightFormat::kQ6K) check.operator()<gguf::BlockQ6K, gguf::BlockQ8K>();
+      if (f == WeightFormat::kInt4) check.operator()<BlockInt4G128, cpu::ActQ8Pair>();
+    }
+}
+
 TEST_CASE("linear: fp8 rows multiplied in registers (one token) take each byte's value; NaN stays NaN") {
   // One-hot activations: output o is weight (o, i) times 1, summed with zeros and scaled by its
   // tile's scale, exactly dequantize_row's value. 6 rows: a pass of 4, then single rows. Every

@@ -81,7 +81,7 @@ inline CpuIsa detect_cpu_isa() {
 
 /// True when the processor has AVX-VNNI (256-bit vpdpbusd without AVX-512: Alder Lake and
 /// later Intel cores, Zen 5) and QFLASH_AVX_VNNI is not "0". It is not a level: AVX-512 VNNI
-/// processors before Sapphire Rapids lack it. The AVX2 integer kernels use it for q8_0.
+/// processors before Sapphire Rapids lack it. The AVX2 integer kernels use it.
 inline bool avx_vnni() {
   static bool const usable = [] {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -16,9 +16,9 @@
 /// - fp8_e4m3: under kFp8FusedMaxTokens tokens, converted in registers and multiplied at once
 ///   (fp8_tile_*); from it on, rows decoded to fp32 in registers (exactly as dequantize_row),
 ///   once per call, then the float tiles for every token.
-/// Integer dot products take AVX-512 from kAvx512Vnni up (AVX2 below it, q8_0 there with
-/// AVX-VNNI when the CPU has it: arch::avx_vnni()), float tiles from kAvx512; without AVX2,
-/// scalar code.
+/// Integer dot products take AVX-512 from kAvx512Vnni up (AVX2 below it, with AVX-VNNI's
+/// vpdpbusd / vpdpwssd when the CPU has it: arch::avx_vnni()), float tiles from kAvx512;
+/// without AVX2, scalar code.
 #pragma once
 
 #include <algorithm>
@@ -673,13 +673,14 @@ template <Simd V, int R, class WB, class XB>
 void quant_dot(WB const* w, std::int64_t stride, XB const* x, std::int64_t nb, float* out) {
   if constexpr (V == Simd::kAvx512) {
     dot_avx512<R>(w, stride, x, nb, out);
-  } else {
-    if constexpr (std::is_same_v<WB, BlockQ8_0>)
-      if (arch::avx_vnni()) {
-        XB const* const xs[1] = {x};
-        return dot_tile_avx_vnni<R, 1, true>(w, stride, xs, nb, out);
-      }
+  } else if constexpr (std::is_same_v<WB, BlockQ8_0>) {
+    if (arch::avx_vnni()) {
+      XB const* const xs[1] = {x};
+      return dot_tile_avx_vnni<R, 1, true>(w, stride, xs, nb, out);
+    }
     dot_avx2<R>(w, stride, x, nb, out);
+  } else {
+    arch::avx_vnni() ? dot_avx2<R, true>(w, stride, x, nb, out) : dot_avx2<R, false>(w, stride, x, nb, out);
   }
 }
 
@@ -688,10 +689,11 @@ template <Simd V, int NT, class WB, class XB>
 void quant_dot_tokens(WB const* w, XB const* const* x, std::int64_t nb, float* out) {
   if constexpr (V == Simd::kAvx512) {
     dot_tokens_avx512<NT>(w, x, nb, out);
-  } else {
-    if constexpr (std::is_same_v<WB, BlockQ8_0>)
-      if (arch::avx_vnni()) return dot_tile_avx_vnni<1, NT>(w, 0, x, nb, out);
+  } else if constexpr (std::is_same_v<WB, BlockQ8_0>) {
+    if (arch::avx_vnni()) return dot_tile_avx_vnni<1, NT>(w, 0, x, nb, out);
     dot_tokens_avx2<NT>(w, x, nb, out);
+  } else {
+    arch::avx_vnni() ? dot_tokens_avx2<NT, true>(w, x, nb, out) : dot_tokens_avx2<NT, false>(w, x, nb, out);
   }
 }
 

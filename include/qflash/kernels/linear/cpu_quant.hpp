@@ -200,6 +200,38 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256i avx2_dot_u8s8(__m256i u, __m256i s
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
 }
 
+// AVX-VNNI (vpdpwssd, vpdpbusd on ymm registers) folds a multiply-add and the add after it
+// into one instruction with the same int32 sums. The kernels below take it as `kVnni` (callers
+// choose it by arch::avx_vnni()); the two instructions are written as inline assembly with
+// their AVX-VNNI ({vex}) encoding, so the AVX2 kernels need no other target attribute.
+
+/// acc + avx2_dot_u8s8(u, s, scale16).
+template <bool kVnni>
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256i avx2_dot_u8s8_acc(__m256i acc, __m256i u, __m256i s, __m256i scale16) {
+  if constexpr (kVnni) {
+    __m256i const p16 = _mm256_maddubs_epi16(u, s);
+    asm("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(p16), "x"(scale16));
+    return acc;
+  } else {
+    return _mm256_add_epi32(acc, avx2_dot_u8s8(u, s, scale16));
+  }
+}
+
+/// Each int32 lane: the products u0 x s0 and u1 x s1 (u8 x s8) of its four bytes, summed; for
+/// u <= 15 (int4 codes), where the int16 pair sums of the AVX2 form cannot saturate.
+template <bool kVnni>
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256i avx2_dot2_u4s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+  if constexpr (kVnni) {
+    __m256i acc = _mm256_setzero_si256();
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u0), "x"(s0));
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u1), "x"(s1));
+    return acc;
+  } else {
+    __m256i const s16 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+  }
+}
+
 /// Asks for the bytes of block `b` of the next R rows (R * stride further on): rows are a
 /// few cache lines long, too short for the hardware prefetcher to pick up each new group.
 template <int R, class Block>
@@ -257,7 +289,7 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256i avx2_broadcast16_mask(int j) {
   return _mm256_set1_epi16(static_cast<short>((2 * j) | (2 * j + 1) << 8));
 }
 
-template <int R>
+template <int R, bool kVnni = false>
 QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8K const* x, std::int64_t nb,
                                  float* out) {
   __m256 acc[R];
@@ -291,8 +323,8 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
         __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(row(r)[b].qs + 32 * p));
         __m256i const lo = _mm256_and_si256(q, nibble);
         __m256i const hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
-        dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(lo, x_lo, _mm256_shuffle_epi8(scales[r], mask_lo)));
-        dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(hi, x_hi, _mm256_shuffle_epi8(scales[r], mask_hi)));
+        dot[r] = avx2_dot_u8s8_acc<kVnni>(dot[r], lo, x_lo, _mm256_shuffle_epi8(scales[r], mask_lo));
+        dot[r] = avx2_dot_u8s8_acc<kVnni>(dot[r], hi, x_hi, _mm256_shuffle_epi8(scales[r], mask_hi));
       }
     }
 #pragma GCC unroll 4
@@ -319,7 +351,7 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void avx2_q6_k_codes(BlockQ6K const& wb, i
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
 }
 
-template <int R>
+template <int R, bool kVnni = false>
 QFLASH_TARGET_AVX2 void dot_avx2(BlockQ6K const* w, std::int64_t stride, BlockQ8K const* x, std::int64_t nb,
                                  float* out) {
   __m256 acc[R];
@@ -344,7 +376,7 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ6K const* w, std::int64_t stride, BlockQ8
         for (int k = 0; k < 4; ++k) {
           int const g = 8 * h + 2 * k;  // the quarter's two sub-blocks of 16
           __m256i const scale = _mm256_setr_m128i(_mm_set1_epi16(wb.scales[g]), _mm_set1_epi16(wb.scales[g + 1]));
-          dot[r] = _mm256_add_epi32(dot[r], avx2_dot_u8s8(codes[k], xq[k], scale));
+          dot[r] = avx2_dot_u8s8_acc<kVnni>(dot[r], codes[k], xq[k], scale);
         }
       }
     }
@@ -362,7 +394,7 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ6K const* w, std::int64_t stride, BlockQ8
 
 /// int4: code nibbles as they lie (low = even values, high = odd) against ActQ8Pair
 /// activations; the two blocks of a pair stay apart in the two 128-bit halves.
-template <int R>
+template <int R, bool kVnni = false>
 QFLASH_TARGET_AVX2 void dot_avx2(BlockInt4G128 const* w, std::int64_t stride, ActQ8Pair const* x, std::int64_t n_pairs,
                                  float* out) {
   __m256 acc[R];
@@ -372,7 +404,6 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockInt4G128 const* w, std::int64_t stride, Ac
     mins[r] = 0.0f;
   }
   __m256i const nibble = _mm256_set1_epi8(0x0f);
-  __m256i const ones = _mm256_set1_epi16(1);
   float const* sums = group_sums(x, n_pairs);
   auto row = [&](int r) { return row_at(w, stride, r); };
   for (std::int64_t j = 0; j < n_pairs; ++j) {
@@ -386,10 +417,8 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockInt4G128 const* w, std::int64_t stride, Ac
       if (j % 2 == 0) prefetch_next_rows<R>(&g, stride);
       __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(g.qs + 32 * (j % 2)));
       __m256i const lo = _mm256_and_si256(q, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
-      // codes <= 15: a pair of products <= 3810, two pairs fit int16
-      __m256i const s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
       __m256 const scale = _mm256_mul_ps(dx, _mm256_set1_ps(avx2_float(g.scale)));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), scale, acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(avx2_dot2_u4s8<kVnni>(lo, xe, hi, xo)), scale, acc[r]);
       if (group_end) mins[r] += avx2_float(g.min) * sums[j / 2];
     }
   }
@@ -483,7 +512,7 @@ QFLASH_TARGET_AVX_VNNI void dot_tile_avx_vnni(BlockQ8_0 const* w, std::int64_t s
     for (int t = 0; t < NT; ++t) out[r * NT + t] = simd::avx2_reduce_add(acc[r][t]);
 }
 
-template <int NT>
+template <int NT, bool kVnni = false>
 QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ4K const* w, BlockQ8K const* const* x, std::int64_t nb, float* out) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -514,8 +543,8 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ4K const* w, BlockQ8K const* const
       for (int t = 0; t < NT; ++t) {
         __m256i const x_lo = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs + 64 * p));
         __m256i const x_hi = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs + 64 * p + 32));
-        dot[t] = _mm256_add_epi32(dot[t], avx2_dot_u8s8(lo, x_lo, scale_lo));
-        dot[t] = _mm256_add_epi32(dot[t], avx2_dot_u8s8(hi, x_hi, scale_hi));
+        dot[t] = avx2_dot_u8s8_acc<kVnni>(dot[t], lo, x_lo, scale_lo);
+        dot[t] = avx2_dot_u8s8_acc<kVnni>(dot[t], hi, x_hi, scale_hi);
       }
     }
 #pragma GCC unroll 4
@@ -525,7 +554,7 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ4K const* w, BlockQ8K const* const
   for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]);
 }
 
-template <int NT>
+template <int NT, bool kVnni = false>
 QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ6K const* w, BlockQ8K const* const* x, std::int64_t nb, float* out) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -542,7 +571,7 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ6K const* w, BlockQ8K const* const
 #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t) {
           __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[t][b].qs + 128 * h + 32 * k));
-          dot[t] = _mm256_add_epi32(dot[t], avx2_dot_u8s8(codes[k], xq, scale));
+          dot[t] = avx2_dot_u8s8_acc<kVnni>(dot[t], codes[k], xq, scale);
         }
       }
     }
@@ -558,7 +587,7 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockQ6K const* w, BlockQ8K const* const
   for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]);
 }
 
-template <int NT>
+template <int NT, bool kVnni = false>
 QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockInt4G128 const* w, ActQ8Pair const* const* x, std::int64_t n_pairs,
                                         float* out) {
   __m256 acc[NT];
@@ -568,7 +597,6 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockInt4G128 const* w, ActQ8Pair const*
     mins[t] = 0.0f;
   }
   __m256i const nibble = _mm256_set1_epi8(0x0f);
-  __m256i const ones = _mm256_set1_epi16(1);
   for (std::int64_t j = 0; j < n_pairs; ++j) {
     BlockInt4G128 const& g = w[j / 2];
     __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(g.qs + 32 * (j % 2)));
@@ -579,11 +607,11 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockInt4G128 const* w, ActQ8Pair const*
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
       ActQ8Pair const& a = x[t][j];
-      __m256i const s16 =
-          _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<__m256i const*>(a.even))),
-                           _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<__m256i const*>(a.odd))));
+      __m256i const s32 =
+          avx2_dot2_u4s8<kVnni>(lo, _mm256_loadu_si256(reinterpret_cast<__m256i const*>(a.even)), hi,
+                                _mm256_loadu_si256(reinterpret_cast<__m256i const*>(a.odd)));
       __m256 const scale = _mm256_mul_ps(_mm256_loadu_ps(a.d), gs);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), scale, acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), scale, acc[t]);
       if (group_end) mins[t] += gm * group_sums(x[t], n_pairs)[j / 2];
     }
   }

@@ -538,6 +538,9 @@ TEST_CASE("attention: causal GQA equals the reference, incremental equals full")
 }
 
 TEST_CASE("router_topk: same expert sets and weights as the reference on every ISA; weights sum to 1") {
+  arch::CpuIsa launcher_level = arch::CpuIsa::kScalar;  // the highest level tested that it runs
+  for (auto isa : isas_here())
+    if (isa <= arch::cpu_isa()) launcher_level = isa;
   for (auto [n_expert, k] : std::vector<std::array<int, 2>>{{8, 2}, {31, 4}, {71, 8}, {129, 8}, {256, 8}}) {
     for (auto isa : isas_here()) {
       CAPTURE(n_expert);
@@ -568,7 +571,7 @@ TEST_CASE("router_topk: same expert sets and weights as the reference on every I
       }
       auto r = all_close<float, float>(w, w_ref, Tolerance{1e-6, 1e-5});
       CHECK_MESSAGE(r.ok, r.report);
-      if (isa == arch::cpu_isa()) {  // the launcher runs this level
+      if (isa == launcher_level) {  // the launcher runs this level's body
         std::vector<std::int32_t> e_launch(e.size());
         std::vector<float> w_launch(w.size());
         a.experts = e_launch.data();
@@ -591,6 +594,37 @@ TEST_CASE("router_topk: same expert sets and weights as the reference on every I
   a.n_expert = 8;
   a.n_expert_used = 2;
   CHECK(launch_router_topk<spec::qwen3_6_35b_a3b>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+}
+
+TEST_CASE("router_topk: experts far below the max, or at -inf, get weight ~0 and follow in index order") {
+  // 5 finite logits, expert 0 100 below the max (its e^(l - max) is past the exp's clamp, as
+  // -inf's is), the rest -inf; k = 8 reaches 3 of the far ones: 0, 1 and 2 on every path.
+  int const n_expert = 16, k = 8;
+  std::vector<float> logits(n_expert, -INFINITY);
+  for (auto [e, v] : std::vector<std::pair<int, float>>{{3, 1.5f}, {7, -2.0f}, {8, 3.0f}, {12, 0.25f}, {15, -3.5f}})
+    logits[static_cast<std::size_t>(e)] = v;
+  logits[0] = 3.0f - 100.0f;
+  std::vector<std::int32_t> e_ref(k), e(k);
+  std::vector<float> w_ref(k), w(k);
+  RouterTopkArgs a{};
+  a.logits = logits.data();
+  a.n_tokens = 1;
+  a.n_expert = n_expert;
+  a.n_expert_used = k;
+  a.experts = e_ref.data();
+  a.weights = w_ref.data();
+  ref::router_topk(a);
+  CHECK(std::vector<std::int32_t>(e_ref.begin() + 5, e_ref.end()) == std::vector<std::int32_t>{0, 1, 2});
+  for (auto isa : isas_here()) {
+    CAPTURE(to_string(isa));
+    a.experts = e.data();
+    a.weights = w.data();
+    REQUIRE(cpu::router_topk<kDynamic, kDynamic>(isa, a) == Status::kSuccess);
+    CHECK(e == e_ref);
+    auto r = all_close<float, float>(w, w_ref, Tolerance{1e-6, 1e-5});
+    CHECK_MESSAGE(r.ok, r.report);
+    for (int j = 5; j < k; ++j) CHECK(w[static_cast<std::size_t>(j)] < 1e-30f);
+  }
 }
 
 TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every weight format and ISA path") {

@@ -20,15 +20,23 @@ namespace qflash::kernels::cpu {
 
 namespace router_topk_detail {
 
-/// p[0, n) = softmax(l[0, n)): e^(l - max) summed in 16 partial sums, then scaled by 1 / sum.
+/// p[0, n) = softmax(l[0, n)): the max and the sum of e^(l - max) each over 16 partial
+/// results (so that they vectorise without reassociating), then p scaled by 1 / sum. Logits
+/// more than 87 below the max all get e^-87 (gated_delta/common.hpp's clamp): about 1e-38,
+/// where the reference has 0 or a subnormal.
 QFLASH_FORCEINLINE void softmax(float const* l, int n, float* p) {
-  float mx = l[0];
-  for (int e = 1; e < n; ++e) mx = l[e] > mx ? l[e] : mx;
-  for (int e = 0; e < n; ++e) p[e] = gdn::exp_nonpositive_f32(l[e] - mx);
   constexpr int kLanes = 16;
-  float part[kLanes] = {};
+  float part[kLanes];
+  for (int j = 0; j < kLanes; ++j) part[j] = -INFINITY;
   int e = 0;
   for (; e + kLanes <= n; e += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] = l[e + j] > part[j] ? l[e + j] : part[j];
+  for (int j = 0; e < n; ++e, ++j) part[j] = l[e] > part[j] ? l[e] : part[j];
+  float mx = part[0];
+  for (float x : part) mx = x > mx ? x : mx;
+  for (int i = 0; i < n; ++i) p[i] = gdn::exp_nonpositive_f32(l[i] - mx);
+  for (float& x : part) x = 0.0f;
+  for (e = 0; e + kLanes <= n; e += kLanes)
     for (int j = 0; j < kLanes; ++j) part[j] += p[e + j];
   for (int j = 0; e < n; ++e, ++j) part[j] += p[e];
   float sum = 0;

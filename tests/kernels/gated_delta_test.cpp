@@ -410,3 +410,19 @@ TEST_CASE("gated_delta: tiled value heads equal grouped ones with the heads perm
       check_close(back, want);
     }
 }
+
+TEST_CASE("exp_nonpositive_f32: within 2 ulp of std::exp on [-87, 0], clamped below, NaN stays NaN") {
+  for (float x = -87.0f; x <= 0.0f; x += 0.0137f) {
+    CAPTURE(x);
+    float const want = std::exp(x), got = kernels::gdn::exp_nonpositive_f32(x);
+    CHECK(std::fabs(got - want) <= 2.0f * (std::nextafter(want, INFINITY) - want));
+  }
+  CHECK(kernels::gdn::exp_nonpositive_f32(0.0f) == 1.0f);
+  // Below -87 (-inf included) every input gives e^-87's value.
+  float const floor = kernels::gdn::exp_nonpositive_f32(-87.0f);
+  CHECK(kernels::gdn::exp_nonpositive_f32(-1000.0f) == floor);
+  CHECK(kernels::gdn::exp_nonpositive_f32(-INFINITY) == floor);
+  // NaN propagates, with no conversion of NaN to an integer on the way (UBSan checks that).
+  CHECK(std::isnan(kernels::gdn::exp_nonpositive_f32(NAN)));
+  CHECK(std::isnan(kernels::gdn::exp_nonpositive_f32(-NAN)));
+}

@@ -33,7 +33,8 @@ QFLASH_FORCEINLINE float exp_nonpositive_f32(float x) {
   x = x < -87.0f ? -87.0f : x;
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kRoundShift = 12582912.0f;  // 1.5 * 2^23: (y + shift) - shift rounds y to an integer
-  float const n = (x * kLog2e + kRoundShift) - kRoundShift;
+  float const shifted = x * kLog2e + kRoundShift;  // n + 1.5 * 2^23: n in the low mantissa bits
+  float const n = shifted - kRoundShift;
   // r = x - n ln2 in two steps (ln2 = C1 + C2, C1 exact in 9 bits) so r keeps full precision.
   float r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
@@ -45,8 +46,10 @@ QFLASH_FORCEINLINE float exp_nonpositive_f32(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
   // n is in [-126, 0] after the clamp, so 2^n is a normal float built from its exponent bits.
-  auto const biased = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127);
-  return p * std::bit_cast<float>(biased << 23);
+  // n is read from shifted's bits, not converted from float: for a NaN x that would be
+  // undefined; here it is some integer, and p (NaN) makes the result NaN.
+  std::uint32_t const n_bits = std::bit_cast<std::uint32_t>(shifted) - std::bit_cast<std::uint32_t>(kRoundShift);
+  return p * std::bit_cast<float>((n_bits + 127u) << 23);
 }
 
 /// silu(x) = x * sigmoid(x), with sigmoid from e = e^{-|x|} (never overflows):

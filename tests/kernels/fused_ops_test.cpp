@@ -20,6 +20,7 @@
 #include "qflash/kernels/router_topk/ref.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "qflash/spec/presets.hpp"
+#include "support/cpu_isas.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -63,8 +64,7 @@ TEST_CASE("qk_norm_rope: strided heads, both weight kinds, static and generic d_
         a.y = y_static.data();
         REQUIRE(launch_qk_norm_rope<spec::qwen3_5_moe_tiny>(arch::Cpu{}, a) == Status::kSuccess);
         CHECK(y_static == y);
-        for (auto isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512}) {  // each body
-          if (arch::detect_cpu_isa() < isa) continue;
+        for (auto isa : test::isas_here()) {  // each body
           CAPTURE(to_string(isa));
           std::vector<float> y_isa(y.size());
           a.y = y_isa.data();
@@ -112,8 +112,7 @@ TEST_CASE("gdn_gates: sigmoid and softplus decay equal the fp64 reference, every
   ref::gdn_gates(args);
   args.beta = beta.data();
   args.g = g.data();
-  for (arch::CpuIsa isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512}) {
-    if (isa > arch::detect_cpu_isa()) continue;
+  for (arch::CpuIsa isa : test::isas_here()) {
     CAPTURE(static_cast<int>(isa));
     beta = b;
     g = a_in;

@@ -28,6 +28,7 @@
 #include "qflash/numeric/weight_encode.hpp"
 #include "qflash/spec/presets.hpp"
 #include "support/expert_case.hpp"
+#include "support/cpu_isas.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -52,11 +53,8 @@ QFLASH_TARGET_AVX2 void simd_eval(float const* x, float* exp_out, float* silu_ou
 /// The levels with code of their own in these ops (kAvx512Bf16 runs kAvx512Vnni's; kAmx has
 /// linear's AMX tiles), up to this CPU's.
 std::vector<arch::CpuIsa> isas_here() {
-  std::vector<arch::CpuIsa> out;
-  for (auto isa : {arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512, arch::CpuIsa::kAvx512Vnni,
-                   arch::CpuIsa::kAmx})
-    if (arch::detect_cpu_isa() >= isa) out.push_back(isa);
-  return out;
+  return test::isas_here({arch::CpuIsa::kScalar, arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512,
+                          arch::CpuIsa::kAvx512Vnni, arch::CpuIsa::kAmx});
 }
 
 }  // namespace

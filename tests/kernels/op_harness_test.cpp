@@ -39,6 +39,7 @@
 #include "qflash/kernels/router_topk/ref.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "qflash/spec/presets.hpp"
+#include "support/attention_decode_case.hpp"
 #include "support/expert_case.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
@@ -183,53 +184,20 @@ Outcome attention_case() {
 
 template <MoeSpec S, class Arch>
 Outcome attention_decode_case() {
-  int const H = kTiny.n_head, KV = kTiny.n_head_kv, D = kTiny.d_head;
-  std::int64_t const T = 4;
-  std::vector<std::int64_t> rows{2, 0, 3}, past{0, 7, 20};
-  auto q = rnd(T * H * D, 50, -2, 2), k = rnd(T * KV * D, 51, -2, 2), v = rnd(T * KV * D, 52);
-  auto gate = rnd(T * H * 2 * D, 53, -3, 3);
-  std::vector<float> y(q.size()), want(q.size());
-  // One pool holds every sequence's earlier positions, built alike for the reference and the
-  // launcher (both append the new tokens).
-  auto run = [&](float* out, auto&& launch) {
-    kv::KvBlockPool pool(kv::KvLayout(kv::KvMap({std::vector<kv::KvFormats>(KV)}), KV, D, kv::kBlockTokens), 8);
-    std::vector<std::vector<std::int32_t>> t(past.size());
-    std::vector<std::int32_t const*> tables;
-    std::vector<std::int64_t> n_blocks, n_ctx;
-    for (std::size_t i = 0; i < past.size(); ++i) {
-      pool.allocate(pool.blocks_for(past[i] + 1), t[i]);
-      auto pk = rnd(past[i] * KV * D, 60 + i, -2, 2), pv = rnd(past[i] * KV * D, 70 + i);
-      kv::encode_positions(pool.view(0, t[i]), pk.data(), pv.data(), 0, past[i]);
-      tables.push_back(t[i].data());
-      n_blocks.push_back(static_cast<std::int64_t>(t[i].size()));
-      n_ctx.push_back(past[i] + 1);
-    }
-    AttentionDecodeArgs a{};
-    a.q = q.data();
-    a.k = k.data();
-    a.v = v.data();
-    a.out = out;
-    a.gate = gate.data() + D;
-    a.gate_token_stride = H * 2 * D;
-    a.gate_head_stride = 2 * D;
-    a.kv = pool.view(0, {});
-    a.rows = rows.data();
-    a.block_tables = tables.data();
-    a.n_blocks = n_blocks.data();
-    a.n_ctx = n_ctx.data();
-    a.n_seqs = static_cast<int>(rows.size());
-    a.n_head = H;
-    a.n_head_kv = KV;
-    a.d_head = D;
-    a.scale = 0.18f;
-    return launch(a);
-  };
-  run(want.data(), [](AttentionDecodeArgs const& a) {
-    ref::attention_decode(a);
-    return Status::kSuccess;
-  });
-  return compare(run(y.data(), [](AttentionDecodeArgs const& a) { return launch_attention_decode<S>(Arch{}, a); }), y,
-                 want, Tolerance{2e-5, 1e-5});
+  // Three sequences (a first token, one inside a block, one past it) in one pool, built alike
+  // for the reference and the launcher (both append the new tokens); row 1 is no sequence's.
+  test::DecodeCase const c{kTiny.n_head, kTiny.n_head_kv, kTiny.d_head, true, {0, 7, 20}, {2, 0, 3}, 4};
+  std::vector<kv::KvFormats> const heads(static_cast<std::size_t>(c.n_kv));
+  test::DecodeStep ref_step(c, heads), step(c, heads);
+  std::vector<float> want, y;
+  ref::attention_decode(ref_step.args(c, want));
+  Status const st = launch_attention_decode<S>(Arch{}, step.args(c, y));
+  Outcome o = compare(st, c.decoding_rows(y), c.decoding_rows(want), Tolerance{2e-5, 1e-5});
+  if (o.status == Status::kSuccess && o.close.ok && c.written_outside(y) != 0) {
+    o.close.ok = false;
+    o.close.report = "values outside the decoding rows were written";
+  }
+  return o;
 }
 
 template <MoeSpec S, class Arch>

@@ -20,6 +20,7 @@
 #include "qflash/kv/block_pool.hpp"
 #include "qflash/spec/presets.hpp"
 #include "support/attention_decode_case.hpp"
+#include "support/cpu_isas.hpp"
 #include "support/tolerance.hpp"
 
 using namespace qflash;
@@ -35,23 +36,6 @@ namespace {
 // fp32 sums over the same decoded values as the fp64 reference: accumulated rounding only.
 constexpr Tolerance kDot{2e-5, 1e-5};
 
-std::vector<arch::CpuIsa> isas_here() {
-  std::vector<arch::CpuIsa> out{arch::CpuIsa::kScalar};
-  for (auto isa : {arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512})
-    if (arch::detect_cpu_isa() >= isa) out.push_back(isa);
-  return out;
-}
-
-/// The output rows the op writes, in sequence order, and a check that the others are untouched.
-std::vector<float> written_rows(DecodeCase const& c, std::vector<float> const& out) {
-  std::int64_t const width = std::int64_t{c.n_head} * c.d;
-  std::vector<float> got;
-  for (auto r : c.rows) got.insert(got.end(), out.begin() + r * width, out.begin() + (r + 1) * width);
-  for (std::int64_t r = 0; r < c.n_rows; ++r)
-    if (std::find(c.rows.begin(), c.rows.end(), r) == c.rows.end())
-      for (std::int64_t i = 0; i < width; ++i) REQUIRE(std::isnan(out[static_cast<std::size_t>(r * width + i)]));
-  return got;
-}
 
 std::vector<std::vector<kv::KvFormats>> layouts_for(int n_kv) {
   std::vector<std::vector<kv::KvFormats>> out;
@@ -96,8 +80,9 @@ TEST_CASE("attention_decode: equals the fp64 references and, bit for bit, kv_app
       DecodeStep ref_step(c, heads);
       std::vector<float> ref_out;
       ref::attention_decode(ref_step.args(c, ref_out));
-      std::vector<float> const want = written_rows(c, ref_out);
-      for (auto isa : isas_here()) {
+      REQUIRE(c.written_outside(ref_out) == 0);
+      std::vector<float> const want = c.decoding_rows(ref_out);
+      for (auto isa : test::isas_here()) {
         CAPTURE(to_string(isa));
         DecodeStep fused(c, heads), separate(c, heads);
         std::vector<float> fused_out, separate_out;
@@ -108,8 +93,10 @@ TEST_CASE("attention_decode: equals the fp64 references and, bit for bit, kv_app
           REQUIRE(launch_kv_append<spec::generic>(arch::Cpu{}, b.append_args(i)) == Status::kSuccess);
           REQUIRE(cpu::attention<kDynamic>(isa, b.attention_args(i)) == Status::kSuccess);
         }
-        std::vector<float> const got = written_rows(c, fused_out);
-        CHECK(std::memcmp(got.data(), written_rows(c, separate_out).data(), got.size() * sizeof(float)) == 0);
+        REQUIRE(c.written_outside(fused_out) == 0);
+        REQUIRE(c.written_outside(separate_out) == 0);
+        std::vector<float> const got = c.decoding_rows(fused_out);
+        CHECK(std::memcmp(got.data(), c.decoding_rows(separate_out).data(), got.size() * sizeof(float)) == 0);
         CHECK(fused.arena() == separate.arena());
         CHECK(fused.arena() == ref_step.arena());
         auto r = all_close<float, float>(got, want, kDot);

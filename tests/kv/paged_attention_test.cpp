@@ -16,6 +16,7 @@
 #include "qflash/kernels/kv_append/ref.hpp"
 #include "qflash/kv/layer_cache.hpp"
 #include "qflash/spec/presets.hpp"
+#include "support/cpu_isas.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -23,18 +24,13 @@ using namespace qflash;
 using namespace qflash::kernels;
 using test::all_close;
 using test::Tolerance;
+using test::isas_here;
 
 namespace {
 
 // fp32 sums over the same decoded values as the fp64 reference: accumulated rounding only.
 constexpr Tolerance kDot{2e-5, 1e-5};
 
-std::vector<arch::CpuIsa> isas_here() {
-  std::vector<arch::CpuIsa> out{arch::CpuIsa::kScalar};
-  for (auto isa : {arch::CpuIsa::kAvx2, arch::CpuIsa::kAvx512})
-    if (arch::detect_cpu_isa() >= isa) out.push_back(isa);
-  return out;
-}
 
 struct Problem {
   int n_head, n_kv, d;

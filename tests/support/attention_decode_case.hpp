@@ -23,6 +23,23 @@ struct DecodeCase {
   std::vector<std::int64_t> n_past;  ///< per sequence, before its new token
   std::vector<std::int64_t> rows;    ///< per sequence, its token's row
   int n_rows;
+
+  /// The rows of `out` the op writes ([n_rows, n_head, d]), in sequence order.
+  [[nodiscard]] std::vector<float> decoding_rows(std::vector<float> const& out) const {
+    std::int64_t const width = std::int64_t{n_head} * d;
+    std::vector<float> got;
+    for (auto r : rows) got.insert(got.end(), out.begin() + r * width, out.begin() + (r + 1) * width);
+    return got;
+  }
+  /// Values of `out` outside those rows that are not NaN (DecodeStep::args starts out as NaN).
+  [[nodiscard]] std::int64_t written_outside(std::vector<float> const& out) const {
+    std::int64_t const width = std::int64_t{n_head} * d;
+    std::int64_t n = 0;
+    for (std::int64_t r = 0; r < n_rows; ++r)
+      if (std::find(rows.begin(), rows.end(), r) == rows.end())
+        n += std::count_if(out.begin() + r * width, out.begin() + (r + 1) * width, [](float x) { return !std::isnan(x); });
+    return n;
+  }
 };
 
 /// One layer's pool with every sequence's first n_past positions written (the same bytes and

@@ -193,7 +193,7 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
   // Exceptions, within fp32 rounding (kDot): the formats on AMX tiles, from kAmxMinTokens
   // tokens, q8_0 and q4_k panels on AVX-512 VNNI, from kPanelMinTokens, and fp8 rows decoded
   // once for many tokens, from kFp8FusedMaxTokens.
-  int const n_out = 19;  // rows over a few tiles
+  int const n_out = 67;  // rows over a few tiles, and enough for AMX (kAmxMinRows)
   for (int n_in : {512, 512 + 37, 352})  // whole GGUF blocks; columns past a vector; 8 + 3 q8_0 blocks
   for (int n_tok : {2, 5, 11, 20})
     for (WeightFormat f : kAllWeightFormats)
@@ -221,7 +221,7 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
         }
         bool const fp8_decoded = f == WeightFormat::kFp8E4m3 && isa >= arch::CpuIsa::kAvx2 &&
                                  !cpu::fp8_fused_applies(isa, f, n_tok);
-        if (cpu::amx_applies(isa, f, n_in, n_tok) || cpu::panels_apply(isa, f, n_tok) || fp8_decoded) {
+        if (cpu::amx_applies(isa, f, n_out, n_in, n_tok) || cpu::panels_apply(isa, f, n_tok) || fp8_decoded) {
           auto r = all_close<float, float>(batch, one, kDot);
           CHECK_MESSAGE(r.ok, r.report);
           CHECK(batch != one);  // the tiles ran
@@ -235,10 +235,11 @@ TEST_CASE("linear: q8_0 panels on AVX-512 VNNI give the AMX tiles' sums, bit for
   // Both add each block's exact int32 sum into fp32 as sum * (d_w * d_x), block after block.
   auto const isas = isas_here();
   if (std::find(isas.begin(), isas.end(), arch::CpuIsa::kAmx) == isas.end()) return;
-  for (auto [n_tok, n_in, n_out] : {std::array<int, 3>{8, 64, 16}, {37, 352, 50}, {70, 2048, 35}}) {
+  for (auto [n_tok, n_in, n_out] : {std::array<int, 3>{8, 64, 64}, {37, 352, 80}, {70, 2048, 99}}) {
     CAPTURE(n_tok);
     CAPTURE(n_in);
     CAPTURE(n_out);
+    REQUIRE(cpu::amx_applies(arch::CpuIsa::kAmx, WeightFormat::kQ8_0, n_out, n_in, n_tok));
     auto const x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 11);
     auto const wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 12);
     auto const w = encode_matrix(WeightFormat::kQ8_0, wf.data(), n_out, n_in);

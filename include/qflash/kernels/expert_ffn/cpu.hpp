@@ -111,7 +111,7 @@ void amx_pack_experts(arch::CpuIsa isa, ExpertScratch& s, int which, RowsOf cons
   for (std::size_t i = 0; i < s.active.size(); ++i) {
     auto const& e = s.active[i];
     WeightView const& w = which == 2 ? e.w->down : e.w->gate;  // up runs on them when its format is gate's
-    if (!amx_applies(isa, w.format, w.cols, e.n)) continue;
+    if (!amx_applies(isa, w.format, w.rows, w.cols, e.n)) continue;
     at[i] = size;
     size += amx_packed_bytes(w.format, e.n, w.cols);
   }

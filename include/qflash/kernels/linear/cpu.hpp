@@ -914,7 +914,7 @@ Status linear(arch::CpuIsa isa, LinearArgs const& a) {
     p.xq = quantized.data();
     quantize_rows(act_blocks(a.w.format), p.x, p.xs, a.n_tokens, a.w.cols, quantized.data(), p.xq_stride);
   }
-  bool const amx = amx_applies(isa, a.w.format, a.w.cols, a.n_tokens);
+  bool const amx = amx_applies(isa, a.w.format, a.w.rows, a.w.cols, a.n_tokens);
   if (amx) {
     thread_local std::vector<std::byte> packed;
     amx_pack(p, packed);

@@ -1,16 +1,18 @@
 // linear on CUDA: every compiled instance (spec x arch) this device runs, every weight format
 // the spec compiles, against the CPU twin and ref::linear: decode and prefill token counts,
 // aligned and unaligned rows (the vector and the scalar path), int4's short last group,
-// strided x and y, accumulate, and token tiles past the grid's. Tolerance: fp32 sums in
+// strided x and y, accumulate, token tiles past the grid's, and linear_group's parts. Tolerance: fp32 sums in
 // another order over the same decoded weights and rounded activations.
 #include "gpu/gpu_main.hpp"
 
 #include <cstdint>
+#include <deque>
 #include <utility>
 #include <vector>
 
 #include "qflash/kernels/linear/cpu.hpp"
 #include "qflash/kernels/linear/ref.hpp"
+#include "qflash/kernels/linear_group/cpu.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
@@ -69,6 +71,47 @@ void check_case(Case const& c) {
   CHECK_MESSAGE(vs_ref.ok, "GPU vs ref: ", vs_ref.report);
 }
 
+/// linear_group: three parts of one input (one accumulating at a stride) against the CPU's.
+template <MoeSpec S, class Tag>
+void check_group(WeightFormat f) {
+  CAPTURE(to_string(f));
+  std::int64_t const cols = 512, tokens = 5, rows[] = {300, 17, 70};
+  auto const x = test::random_floats(static_cast<std::size_t>(tokens * cols), 111, -2, 2);
+  std::vector<OwnedMatrix> m;
+  std::deque<DeviceArray<std::byte>> bytes;  // deque: its elements never move
+  std::deque<DeviceArray<float>> scales;
+  std::vector<std::vector<float>> cpu;
+  std::deque<DeviceArray<float>> dy;
+  DeviceArray<float> dx(x);
+  LinearGroupArgs on_cpu{}, on_gpu{};
+  on_cpu.n_parts = on_gpu.n_parts = 3;
+  for (std::size_t i = 0; i < 3; ++i) {
+    auto const w = test::random_floats(static_cast<std::size_t>(rows[i] * cols), 112 + static_cast<unsigned>(i), -1, 1);
+    m.push_back(encode_matrix(f, w.data(), rows[i], cols));
+    bytes.emplace_back(m.back().bytes);
+    scales.emplace_back(m.back().scales);
+    std::int64_t const ys = i == 1 ? rows[i] + 3 : rows[i];
+    cpu.push_back(test::random_floats(static_cast<std::size_t>(tokens * ys), 115 + static_cast<unsigned>(i), -1, 1));
+    dy.emplace_back(cpu.back());
+    LinearArgs a{};
+    a.w = m.back().view, a.x = x.data(), a.y = cpu.back().data(), a.n_tokens = tokens, a.y_stride = ys;
+    a.accumulate = i == 1;
+    on_cpu.parts[i] = a;
+    a.w.data = bytes.back().get();
+    a.w.scales = f == WeightFormat::kFp8E4m3 ? scales.back().get() : nullptr;
+    a.x = dx.get(), a.y = dy.back().get();
+    on_gpu.parts[i] = a;
+  }
+  REQUIRE(launch_linear_group<S>(arch::Cpu{}, on_cpu) == Status::kSuccess);
+  REQUIRE(launch_linear_group<S>(Tag{}, on_gpu, nullptr) == Status::kSuccess);
+  QFLASH_TEST_CUDA(cudaDeviceSynchronize());
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    auto const r = all_close<float, float>(dy[i].download(), cpu[i], kSum);
+    CHECK_MESSAGE(r.ok, "GPU group vs CPU group: ", r.report);
+  }
+}
+
 template <class Tag, std::size_t I>
 void check_instance() {
   constexpr MoeSpec S = instances::kSpecs[I];
@@ -80,6 +123,7 @@ void check_instance() {
       check_case<S, Tag>({f, 300, 512, tokens});
     check_case<S, Tag>({f, 17, 1024, 3, 8, 5, true});  // strided, accumulate
     if (row_fits(f, 200)) check_case<S, Tag>({f, 33, 200, 4, 3, 0, false});  // unaligned rows; int4's short group
+    check_group<S, Tag>(f);
   }
   if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32)
     check_case<S, Tag>({WeightFormat::kF32, 8, 32, 300000});  // token tiles past the grid's

@@ -1,5 +1,5 @@
-// CPU kernels of the model's ops against their scalar references: linear (every ISA path,
-// f32 and bf16 weights), rope, attention, router_topk, expert_ffn.
+// CPU kernels of the model's ops against their scalar references: linear and linear_group
+// (every ISA path, every weight format), rope, attention, router_topk, expert_ffn.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "qflash/kernels/expert_ffn/stacked.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
 #include "qflash/kernels/linear/ref.hpp"
+#include "qflash/kernels/linear_group/cpu.hpp"
 #include "qflash/kernels/rope/cpu.hpp"
 #include "qflash/kernels/rope/ref.hpp"
 #include "qflash/kernels/router_topk/cpu.hpp"
@@ -229,6 +230,82 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
           CHECK(batch == one);
         }
       }
+}
+
+TEST_CASE("linear_group: every part equals linear alone, bit for bit, on every ISA path") {
+  // Parts big enough for AMX tiles and too small for them; one accumulating into a strided
+  // output; groups of one format, and mixed ones whose parts share quantized activations
+  // (q4_k and q6_k: q8_k blocks) or AMX packing (two bf16 parts) or neither.
+  int const n_in = 512;
+  std::vector<std::vector<WeightFormat>> groups;
+  for (WeightFormat f : kAllWeightFormats) groups.push_back({f, f, f, f});
+  groups.push_back({WeightFormat::kQ4K, WeightFormat::kBf16, WeightFormat::kQ6K, WeightFormat::kBf16});
+  groups.push_back({WeightFormat::kInt4, WeightFormat::kQ8_0, WeightFormat::kF32, WeightFormat::kFp8E4m3});
+  std::int64_t const rows[] = {67, 16, 8, 130};
+  for (auto const& formats : groups)
+    for (int n_tok : {1, 5, 16, 37})
+      for (auto isa : isas_here()) {
+        CAPTURE(to_string(formats[0]));
+        CAPTURE(to_string(formats[1]));
+        CAPTURE(n_tok);
+        CAPTURE(to_string(isa));
+        auto const x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 21);
+        std::vector<OwnedMatrix> w;
+        LinearGroupArgs g{};
+        g.n_parts = 4;
+        std::vector<std::vector<float>> grouped(4), alone(4);
+        for (std::size_t i = 0; i < 4; ++i) {
+          auto const wf = test::random_floats(static_cast<std::size_t>(rows[i] * n_in), 22 + static_cast<unsigned>(i));
+          w.push_back(encode_matrix(formats[i], wf.data(), rows[i], n_in));
+          LinearArgs& a = g.parts[i];
+          a.w = w.back().view;
+          a.x = x.data();
+          a.n_tokens = n_tok;
+          a.y_stride = i == 2 ? rows[i] + 5 : 0;
+          a.accumulate = i == 2;
+          grouped[i] = test::random_floats(static_cast<std::size_t>(n_tok * (rows[i] + 5)), 30 + static_cast<unsigned>(i));
+          alone[i] = grouped[i];
+        }
+        for (std::size_t i = 0; i < 4; ++i) {
+          LinearArgs a = g.parts[i];
+          a.y = alone[i].data();
+          REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+          g.parts[i].y = grouped[i].data();
+        }
+        REQUIRE(cpu::linear_group(isa, g) == Status::kSuccess);
+        for (std::size_t i = 0; i < 4; ++i) CHECK(grouped[i] == alone[i]);
+      }
+}
+
+TEST_CASE("linear_group: parts must share the input; one to four of them") {
+  auto const x = test::random_floats(2 * 64, 1), wf = test::random_floats(8 * 64, 2);
+  auto const w = encode_matrix(WeightFormat::kF32, wf.data(), 8, 64);
+  auto const narrow = encode_matrix(WeightFormat::kF32, wf.data(), 16, 32);
+  std::vector<float> y(4 * 2 * 16);
+  LinearGroupArgs g{};
+  g.n_parts = 2;
+  for (int i = 0; i < 2; ++i) g.parts[i] = {w.view, x.data(), y.data() + i * 32, 2};
+  REQUIRE(cpu::linear_group(arch::CpuIsa::kScalar, g) == Status::kSuccess);
+  LinearGroupArgs bad = g;
+  bad.parts[1].x = x.data() + 1;
+  CHECK(cpu::linear_group(arch::CpuIsa::kScalar, bad) == Status::kErrorInvalidProblem);
+  bad = g;
+  bad.parts[1].n_tokens = 1;
+  CHECK(cpu::linear_group(arch::CpuIsa::kScalar, bad) == Status::kErrorInvalidProblem);
+  bad = g;
+  bad.parts[1].x_stride = 65;
+  CHECK(cpu::linear_group(arch::CpuIsa::kScalar, bad) == Status::kErrorInvalidProblem);
+  bad = g;
+  bad.parts[1].w = narrow.view;  // 32 columns against 64
+  CHECK(cpu::linear_group(arch::CpuIsa::kScalar, bad) == Status::kErrorInvalidProblem);
+  bad = g;
+  bad.parts[1].y = nullptr;
+  CHECK(cpu::linear_group(arch::CpuIsa::kScalar, bad) == Status::kErrorInvalidProblem);
+  for (int n : {0, -1, LinearGroupArgs::kMaxParts + 1}) {
+    bad = g;
+    bad.n_parts = n;
+    CHECK(cpu::linear_group(arch::CpuIsa::kScalar, bad) == Status::kErrorInvalidProblem);
+  }
 }
 
 TEST_CASE("linear: q8_0 panels on AVX-512 VNNI give the AMX tiles' sums, bit for bit") {

@@ -33,6 +33,8 @@
 #include "qflash/kernels/gdn_gates/ref.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
 #include "qflash/kernels/linear/ref.hpp"
+#include "qflash/kernels/linear_group/cpu.hpp"
+#include "qflash/kernels/linear_group/ref.hpp"
 #include "qflash/kernels/qk_norm_rope/cpu.hpp"
 #include "qflash/kernels/qk_norm_rope/ref.hpp"
 #include "qflash/kernels/router_topk/cpu.hpp"
@@ -106,6 +108,38 @@ Outcome linear_case(WeightFormat f) {
   ref::linear(a);
   a.y = y.data();
   return compare(launch_linear<S>(Arch{}, a), y, want, Tolerance{2e-5, 1e-5});
+}
+
+template <MoeSpec S, class Arch>
+Outcome linear_group_case(WeightFormat f) {
+  // Three parts: two into one output at its stride (the second accumulating), one alone.
+  std::int64_t const T = 3, n_in = 256, rows[] = {kTiny.n_expert + 1, 7, 5};
+  auto x = rnd(T * n_in, 41);
+  std::vector<OwnedMatrix> w;
+  for (int i = 0; i < 3; ++i) {
+    auto wf = rnd(rows[i] * n_in, 42 + static_cast<std::uint64_t>(i));
+    w.push_back(encode_matrix(f, wf.data(), rows[i], n_in));
+  }
+  std::int64_t const wide = rows[0] + rows[1];  // a row: part 0's outputs, then part 1's
+  auto y = rnd(T * wide + T * rows[2], 45), want = y;
+  LinearGroupArgs a{};
+  a.n_parts = 3;
+  for (int i = 0; i < 3; ++i) {
+    a.parts[i].w = w[static_cast<std::size_t>(i)].view;
+    a.parts[i].x = x.data();
+    a.parts[i].n_tokens = T;
+  }
+  a.parts[0].y_stride = a.parts[1].y_stride = wide;
+  a.parts[1].accumulate = true;
+  auto point = [&](std::vector<float>& out) {
+    a.parts[0].y = out.data();
+    a.parts[1].y = out.data() + rows[0];
+    a.parts[2].y = out.data() + T * wide;
+  };
+  point(want);
+  ref::linear_group(a);
+  point(y);
+  return compare(launch_linear_group<S>(Arch{}, a), y, want, Tolerance{2e-5, 1e-5});
 }
 
 template <MoeSpec S, class Arch>
@@ -401,6 +435,8 @@ std::vector<OpCase> table() {
   for (WeightFormat f : kAllWeightFormats) {
     add("linear/" + std::string(to_string(f)), [f] { return linear_case<kTiny, Cpu>(f); },
         [f] { return linear_case<spec::generic, Cpu>(f); });
+    add("linear_group/" + std::string(to_string(f)), [f] { return linear_group_case<kTiny, Cpu>(f); },
+        [f] { return linear_group_case<spec::generic, Cpu>(f); });
     if (row_fits(f, kTiny.d_model))
       add("embedding/" + std::string(to_string(f)), [f] { return embedding_case<kTiny, Cpu>(f); },
           [f] { return embedding_case<spec::generic, Cpu>(f); });

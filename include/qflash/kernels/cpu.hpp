@@ -16,5 +16,6 @@
 #include "qflash/kernels/gdn_gates/cpu.hpp"
 #include "qflash/kernels/kv_append/cpu.hpp"
 #include "qflash/kernels/linear/cpu.hpp"
+#include "qflash/kernels/linear_group/cpu.hpp"
 #include "qflash/kernels/qk_norm_rope/cpu.hpp"
 #include "qflash/kernels/router_topk/cpu.hpp"

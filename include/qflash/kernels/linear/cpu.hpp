@@ -22,10 +22,12 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -895,36 +897,70 @@ inline void amx_pack(LinearRows& p, std::vector<std::byte>& buf) {
   p.amx = {buf.data(), p.w.cols / kAmxCols, p.w.format};
 }
 
+/// Most projections one call takes (kernels/linear_group).
+inline constexpr int kMaxLinearParts = 4;
+
+/// Projections of one input (same x, x_stride, n_tokens and columns; checked by the caller)
+/// with an explicit ISA level, in one parallel region over every part's row blocks. The
+/// activations are quantized once per kind of 8-bit block and packed for AMX once per format,
+/// and each part's rows go in the blocks linear() gives it alone, so every part's results are
+/// a lone call's, bit for bit. Compiled for the weight formats F (kAny: all of them).
+template <WeightFormat F = WeightFormat::kAny>
+void linear_parts(arch::CpuIsa isa, std::span<LinearArgs const> parts) {
+  std::size_t const n = parts.size();
+  thread_local SlotScratch<float> scratch;  // the calling thread's; items reach it through p
+  // The calling thread's buffers (workers reach them through p.xq and p.amx, never by name).
+  thread_local std::array<std::vector<std::byte>, kMaxLinearParts> quantized, packed;
+  scratch.prepare();
+  std::array<LinearRows, kMaxLinearParts> p{};
+  std::array<std::int64_t, kMaxLinearParts> block{};
+  std::array<std::int64_t, kMaxLinearParts + 1> block_begin{};  // part i: blocks [block_begin[i], block_begin[i + 1])
+  std::int64_t work = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    LinearArgs const& a = parts[i];
+    WeightFormat const f = a.w.format;
+    LinearRows& r = p[i];
+    r = {a.w, a.x, a.x_stride ? a.x_stride : a.w.cols, a.y, a.y_stride ? a.y_stride : a.w.rows, a.n_tokens,
+         a.accumulate};
+    r.scratch = &scratch;
+    if (uses_quantized_activations(f)) {
+      // Each token's activations quantized once, shared by every row, and by every part
+      // with the same kind of blocks.
+      for (std::size_t j = 0; j < i && !r.xq; ++j)
+        if (p[j].xq && act_blocks(p[j].w.format) == act_blocks(f)) r.xq = p[j].xq, r.xq_stride = p[j].xq_stride;
+      if (!r.xq) {
+        r.xq_stride = act_row_bytes(f, a.w.cols);
+        quantized[i].resize(static_cast<std::size_t>(r.xq_stride * a.n_tokens));
+        r.xq = quantized[i].data();
+        quantize_rows(act_blocks(f), r.x, r.xs, a.n_tokens, a.w.cols, quantized[i].data(), r.xq_stride);
+      }
+    }
+    bool const amx = amx_applies(isa, f, a.w.rows, a.w.cols, a.n_tokens);
+    if (amx) {
+      for (std::size_t j = 0; j < i && !r.amx.data; ++j)
+        if (p[j].amx.data && p[j].amx.format == f) r.amx = p[j].amx;
+      if (!r.amx.data) amx_pack(r, packed[i]);
+    }
+    block[i] = row_block(a.w.rows, max_threads(),
+                         amx ? 2 * kAmxRows : panels_apply(isa, f, a.n_tokens) ? kPanelRows : kTileRows);
+    block_begin[i + 1] = block_begin[i] + (a.w.rows + block[i] - 1) / block[i];
+    work += a.w.rows * a.w.cols * std::max<std::int64_t>(1, a.n_tokens);
+  }
+  std::int64_t const n_blocks = block_begin[n];
+  parallel_for(0, n_blocks, (work + n_blocks - 1) / n_blocks, [&](std::int64_t k) {
+    std::size_t i = 0;
+    while (k >= block_begin[i + 1]) ++i;
+    std::int64_t const o0 = (k - block_begin[i]) * block[i];
+    linear_rows<F>(isa, p[i], o0, std::min(p[i].w.rows, o0 + block[i]));
+  });
+}
+
 /// The whole projection with an explicit ISA level (tests run every level this CPU has);
 /// compiled for the weight formats F (kAny: all of them).
 template <WeightFormat F = WeightFormat::kAny>
 Status linear(arch::CpuIsa isa, LinearArgs const& a) {
   if (Status s = can_implement_linear<MoeSpec{.weights = F}>(a); s != Status::kSuccess) return s;
-  LinearRows p{a.w, a.x, a.x_stride ? a.x_stride : a.w.cols, a.y,
-               a.y_stride ? a.y_stride : a.w.rows, a.n_tokens, a.accumulate};
-  thread_local SlotScratch<float> scratch;  // the calling thread's; items reach it through p
-  scratch.prepare();
-  p.scratch = &scratch;
-  if (uses_quantized_activations(a.w.format)) {
-    // Each token's activations quantized once, shared by every row (the calling thread's
-    // buffer: workers reach it through p.xq, never by name).
-    thread_local std::vector<std::byte> quantized;
-    p.xq_stride = act_row_bytes(a.w.format, a.w.cols);
-    quantized.resize(static_cast<std::size_t>(p.xq_stride * a.n_tokens));
-    p.xq = quantized.data();
-    quantize_rows(act_blocks(a.w.format), p.x, p.xs, a.n_tokens, a.w.cols, quantized.data(), p.xq_stride);
-  }
-  bool const amx = amx_applies(isa, a.w.format, a.w.rows, a.w.cols, a.n_tokens);
-  if (amx) {
-    thread_local std::vector<std::byte> packed;
-    amx_pack(p, packed);
-  }
-  std::int64_t const block =
-      row_block(a.w.rows, max_threads(), amx ? 2 * kAmxRows : panels_apply(isa, a.w.format, a.n_tokens) ? kPanelRows : kTileRows);
-  std::int64_t const n_blocks = (a.w.rows + block - 1) / block;
-  parallel_for(0, n_blocks, block * a.w.cols * std::max<std::int64_t>(1, a.n_tokens), [&](std::int64_t b) {
-    linear_rows<F>(isa, p, b * block, std::min(a.w.rows, (b + 1) * block));
-  });
+  linear_parts<F>(isa, std::span(&a, 1));
   return Status::kSuccess;
 }
 

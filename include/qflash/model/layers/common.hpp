@@ -14,6 +14,7 @@
 #include "qflash/core/memory.hpp"
 #include "qflash/core/status.hpp"
 #include "qflash/kernels/linear/op.hpp"
+#include "qflash/kernels/linear_group/op.hpp"
 #include "qflash/model/cache.hpp"
 #include "qflash/model/lora.hpp"
 #include "qflash/model/routing.hpp"
@@ -131,12 +132,12 @@ struct LoraSite {
   LowRank LoraLayer::*update;
 };
 
-/// project(), plus, for the rows of each sequence with an adapter that updates this projection,
+/// For the rows of each sequence with an adapter that updates this projection,
 /// y += B (A x) (two more projections through the same kernels, so any Arch runs them).
+/// @param x [rows, w.cols]; @param y [rows, w.rows]
 template <MoeSpec S, class Arch>
-void project(WeightView const& w, Batch const& b, LoraSite site, float const* x, float* y, Scratch& s,
-             stream_t stream, char const* what = "linear", bool accumulate = false) {
-  project<S, Arch>(w, x, b.n_tokens(), y, stream, what, accumulate);
+void add_lora(WeightView const& w, Batch const& b, LoraSite site, float const* x, float* y, Scratch& s,
+              stream_t stream) {
   for (AdapterRun const& run : b.adapter_runs) {
     LowRank const& d = run.adapter->layers[site.layer].*site.update;
     if (d.empty()) continue;
@@ -145,6 +146,36 @@ void project(WeightView const& w, Batch const& b, LoraSite site, float const* x,
     project<S, Arch>(d.a, x + run.begin * w.cols, n, t, stream, "lora A");
     project<S, Arch>(d.b, t, n, y + run.begin * w.rows, stream, "lora B", /*accumulate=*/true);
   }
+}
+
+/// project(), plus the batch's adapters' updates of it (add_lora).
+template <MoeSpec S, class Arch>
+void project(WeightView const& w, Batch const& b, LoraSite site, float const* x, float* y, Scratch& s,
+             stream_t stream, char const* what = "linear", bool accumulate = false) {
+  project<S, Arch>(w, x, b.n_tokens(), y, stream, what, accumulate);
+  add_lora<S, Arch>(w, b, site, x, y, s, stream);
+}
+
+/// One of several projections of the same input (project_group).
+struct ProjectionOut {
+  WeightView const* w;
+  LoraSite site;
+  float* y;  ///< [rows, w->rows]
+};
+
+/// y_i = x W_iᵀ for every part in one call (kernels/linear_group: on CPU one parallel region,
+/// the activations quantized or packed once), plus each part's adapter updates.
+/// @param x [b.n_tokens(), cols of every part]
+template <MoeSpec S, class Arch>
+void project_group(std::span<ProjectionOut const> parts, Batch const& b, float const* x, Scratch& s,
+                   stream_t stream, char const* what) {
+  kernels::LinearGroupArgs g{};
+  QFLASH_CHECK(parts.size() <= static_cast<std::size_t>(kernels::LinearGroupArgs::kMaxParts), what, ": ",
+               parts.size(), " projections in one group (at most ", kernels::LinearGroupArgs::kMaxParts, ")");
+  g.n_parts = static_cast<int>(parts.size());
+  for (std::size_t i = 0; i < parts.size(); ++i) g.parts[i] = {*parts[i].w, x, parts[i].y, b.n_tokens()};
+  check_launch(kernels::launch_linear_group<S>(Arch{}, g, stream), what);
+  for (ProjectionOut const& p : parts) add_lora<S, Arch>(*p.w, b, p.site, x, p.y, s, stream);
 }
 
 }  // namespace qflash::model

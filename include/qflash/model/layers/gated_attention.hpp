@@ -44,9 +44,10 @@ class GatedAttention {
     float* k = s.sized(s.k, T * kv_width);
     float* v = s.sized(s.v, T * kv_width);
     float* o = s.sized(s.o, T * q_width);
-    project<S, Arch>(w_.q, batch, {layer_, &LoraLayer::q}, x, qg, s, stream, "q_proj");
-    project<S, Arch>(w_.k, batch, {layer_, &LoraLayer::k}, x, k, s, stream, "k_proj");
-    project<S, Arch>(w_.v, batch, {layer_, &LoraLayer::v}, x, v, s, stream, "v_proj");
+    ProjectionOut const qkv[] = {{&w_.q, {layer_, &LoraLayer::q}, qg},
+                                 {&w_.k, {layer_, &LoraLayer::k}, k},
+                                 {&w_.v, {layer_, &LoraLayer::v}, v}};
+    project_group<S, Arch>(qkv, batch, x, s, stream, "q_proj, k_proj, v_proj");
     norm_rope(qg, w_.q.rows, q_head_stride, w_.q_norm.data(), q, nh, batch, stream);
     norm_rope(k, kv_width, dh, w_.k_norm.data(), k, nkv, batch, stream);
 

@@ -49,10 +49,11 @@ class GatedDeltaNet {
     float* beta = s.sized(s.beta, T * hv);
     float* g = s.sized(s.g, T * hv);
     float* o = s.sized(s.o, T * value_dim);
-    project<S, Arch>(w_.qkv, batch, {layer_, &LoraLayer::qkv}, x, mixed, s, stream, "in_proj_qkv");
-    project<S, Arch>(w_.z, batch, {layer_, &LoraLayer::z}, x, z, s, stream, "in_proj_z");
-    project<S, Arch>(w_.b, batch, {layer_, &LoraLayer::b}, x, beta, s, stream, "in_proj_b");
-    project<S, Arch>(w_.a, batch, {layer_, &LoraLayer::a}, x, g, s, stream, "in_proj_a");
+    ProjectionOut const in_proj[] = {{&w_.qkv, {layer_, &LoraLayer::qkv}, mixed},
+                                     {&w_.z, {layer_, &LoraLayer::z}, z},
+                                     {&w_.b, {layer_, &LoraLayer::b}, beta},
+                                     {&w_.a, {layer_, &LoraLayer::a}, g}};
+    project_group<S, Arch>(in_proj, batch, x, s, stream, "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a");
 
     kernels::GdnGatesArgs ga{};
     ga.beta = beta;

@@ -332,12 +332,12 @@ inline std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, int n, int 
   return ids;
 }
 
-/// A sequence with `kv`'s formats already holding `depth` (filled in chunks of 512, untimed), with
+/// A sequence in `pool` already holding `depth` (filled in chunks of 512, untimed), with
 /// blocks reserved for `more` tokens after them.
 template <class Model>
-model::SequenceState filled_sequence(Model& m, kv::KvMap const& kv, std::vector<std::int32_t> const& depth, int more,
-                                     std::vector<float>& logits) {
-  auto state = m.new_sequence(kv);
+model::SequenceState filled_sequence(Model& m, std::shared_ptr<kv::KvBlockPool> const& pool,
+                                     std::vector<std::int32_t> const& depth, int more, std::vector<float>& logits) {
+  auto state = m.new_sequence(pool);
   state.reserve(static_cast<std::int64_t>(depth.size()) + more);
   for (std::size_t b = 0; b < depth.size(); b += 512) {
     std::span<std::int32_t const> const part(depth.data() + b, std::min<std::size_t>(512, depth.size() - b));
@@ -563,11 +563,13 @@ inline int cmd_bench(BenchOptions o) {
         int const n = n_prompt > 0 ? n_prompt : n_gen;
         auto const context = random_tokens(rng, depth, cfg.vocab);
         auto once = [&](int tokens) {
+          // The batch's sequences share one KV pool, as a serving engine's do.
+          auto const pool = model::kv_pool_for(m.config(), kv, batch, m.memory());
           std::vector<std::vector<std::int32_t>> ids;
           std::vector<model::SequenceState> states;
           for (int i = 0; i < batch; ++i) {
             ids.push_back(random_tokens(rng, tokens, cfg.vocab));
-            states.push_back(filled_sequence(m, kv, context, tokens, logits));
+            states.push_back(filled_sequence(m, pool, context, tokens, logits));
           }
           return n_prompt > 0 ? time_prefill(m, states, ids, logits) : time_decode(m, states, ids, logits);
         };

@@ -483,6 +483,48 @@ TEST_CASE("step recorder: offered each unobserved step shaped like the one befor
   }
 }
 
+TEST_CASE("sequences sharing one KV pool decode as they do in pools of their own") {
+  // Decoding together from one pool, their attention is one attention_decode call; apart,
+  // kv_append and attention per sequence: the same results bit for bit.
+  Fixture fx("qwen3_5_moe_tiny");
+  auto m = load(fx.dir, opts());
+  auto const& cfg = m->config();
+  std::vector<std::vector<std::int32_t>> const prompts{fx.prompt(0), fx.prompt(1), fx.prompt(2)};
+  auto const pool = model::kv_pool_for(cfg, kv::KvMap::uniform(cfg, {}), 3, m->memory());
+  std::vector<model::SequenceState> shared, own;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    shared.push_back(m->new_sequence(pool));
+    own.push_back(m->new_sequence());
+  }
+  std::vector<float> a, b;
+  auto step = [&](std::vector<model::SequenceState>& states, std::vector<std::vector<std::int32_t>> const& tokens,
+                  std::vector<float>& logits) {
+    std::vector<model::SequenceChunk> batch;
+    for (std::size_t i = 0; i < states.size(); ++i) batch.push_back({tokens[i], &states[i]});
+    m->forward(batch, model::LogitsFor::kLastToken, logits);
+  };
+  step(shared, prompts, a);
+  step(own, prompts, b);
+  CHECK(a == b);
+  for (int t = 0; t < 5; ++t) {
+    std::vector<std::vector<std::int32_t>> next;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      auto const row = a.begin() + static_cast<std::ptrdiff_t>(i) * cfg.vocab;
+      next.push_back({static_cast<std::int32_t>(std::max_element(row, row + cfg.vocab) - row)});
+    }
+    step(shared, next, a);
+    step(own, next, b);
+    CAPTURE(t);
+    CHECK(a == b);
+  }
+  CHECK(pool->used_blocks() > 0);
+  CHECK_THROWS_WITH_AS((void)m->new_sequence(model::kv_pool_for(cfg, kv::KvMap::uniform(cfg, {}), 1,
+                                                                 std::make_shared<CountingMemory>(/*device=*/true))),
+                       doctest::Contains("a cpu model needs a KV pool in host memory"), Error);
+  CHECK_THROWS_WITH_AS((void)model::kv_pool_for(cfg, kv::KvMap::uniform(cfg, {}), 0), doctest::Contains("0 sequences"),
+                       Error);
+}
+
 TEST_CASE("working memory: a model refuses memory of the wrong kind") {
   Fixture fx("qwen3_5_moe_tiny");
   auto o = opts();

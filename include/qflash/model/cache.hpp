@@ -32,14 +32,22 @@ struct LinearState {
   MemoryVector<float> recurrent;
 };
 
-/// A private pool for one sequence of up to cfg.max_position_embeddings tokens, its arenas
-/// grown as blocks are first used.
-inline std::shared_ptr<kv::KvBlockPool> private_kv_pool(ModelConfig const& cfg, kv::KvMap map,
-                                                        std::shared_ptr<Memory> memory = host_memory()) {
+/// A pool for `n_sequences` sequences of up to cfg.max_position_embeddings tokens each, its
+/// arenas grown as blocks are first used. Sequences decoding from one pool share their
+/// attention calls (kernels/attention_decode).
+inline std::shared_ptr<kv::KvBlockPool> kv_pool_for(ModelConfig const& cfg, kv::KvMap map, std::int64_t n_sequences,
+                                                    std::shared_ptr<Memory> memory = host_memory()) {
+  QFLASH_CHECK(n_sequences >= 1, "a KV pool for ", n_sequences, " sequences");
   kv::KvLayout layout(cfg, std::move(map));
   std::int64_t const blocks = (cfg.max_position_embeddings + layout.block_tokens() - 1) / layout.block_tokens();
-  return std::make_shared<kv::KvBlockPool>(std::move(layout), blocks, kv::KvBlockPool::Allocation::kOnDemand,
-                                           std::move(memory));
+  return std::make_shared<kv::KvBlockPool>(std::move(layout), n_sequences * blocks,
+                                           kv::KvBlockPool::Allocation::kOnDemand, std::move(memory));
+}
+
+/// A private pool for one sequence (kv_pool_for).
+inline std::shared_ptr<kv::KvBlockPool> private_kv_pool(ModelConfig const& cfg, kv::KvMap map,
+                                                        std::shared_ptr<Memory> memory = host_memory()) {
+  return kv_pool_for(cfg, std::move(map), 1, std::move(memory));
 }
 
 class SequenceState {

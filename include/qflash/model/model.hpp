@@ -167,6 +167,14 @@ class Model {
     if (map.n_layer() == 0) map = kv::KvMap::uniform(cfg_, {});
     return SequenceState(cfg_, private_kv_pool(cfg_, std::move(map), opts_.memory));
   }
+  /// A sequence whose KV lives in `pool`, which other sequences may share: those decoding
+  /// together attend in one call (a pool in this model's memory: kv_pool_for(config(), map,
+  /// n, memory())).
+  [[nodiscard]] SequenceState new_sequence(std::shared_ptr<kv::KvBlockPool> pool) const {
+    QFLASH_CHECK(pool && pool->memory()->on_device() == Arch::is_cuda, "new_sequence: a ", Arch::name,
+                 " model needs a KV pool in ", Arch::is_cuda ? "device" : "host", " memory");
+    return SequenceState(cfg_, std::move(pool));
+  }
 
   /// Runs the batch's new tokens, advancing each sequence's state, and writes logits
   /// [rows, vocab]: one row per token (kAllTokens) or per sequence (kLastToken).

@@ -10,8 +10,8 @@
 ///   q8_k as llama.cpp does; q8_0 pairs for int4), then integer dot products per block
 ///   (cpu_quant.hpp: AVX2; cpu_quant_avx512.hpp: AVX-512 VNNI): a few rows per pass for one
 ///   token, 4 tokens per pass through a row for several (two rows for q8_0).
-/// - bf16, q8_0, q4_k, q6_k and int4 with AMX (kAmx) and at least kAmxMinTokens tokens and
-///   whole 32-column chunks: AMX-BF16 tiles over the activations split into exact bf16 terms,
+/// - bf16, q8_0, q4_k, q6_k and int4 with AMX (kAmx), at least kAmxMinTokens tokens and
+///   kAmxMinRows rows, and whole 32-column chunks: AMX-BF16 tiles over the activations split into exact bf16 terms,
 ///   AMX-INT8 tiles over their 8-bit blocks (cpu_amx.hpp); rows past the last 16 as above.
 /// - fp8_e4m3: under kFp8FusedMaxTokens tokens, converted in registers and multiplied at once
 ///   (fp8_tile_*); from it on, rows decoded to fp32 in registers (exactly as dequantize_row),

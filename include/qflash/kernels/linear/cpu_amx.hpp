@@ -1,7 +1,7 @@
 /// @file
 /// AMX tiles for bf16 weights (AMX-BF16) and q8_0, q4_k, q6_k and int4 weights (AMX-INT8),
 /// arch::CpuIsa::kAmx, used when a projection has at least kAmxMinTokens tokens (prefill,
-/// batched decode) and whole 32-column chunks. bf16 and q8_0 weights are read in place (an A
+/// batched decode), kAmxMinRows rows and whole 32-column chunks. bf16 and q8_0 weights are read in place (an A
 /// tile is 16 weight rows at the matrix's row stride); k-quant and int4 codes are unpacked to
 /// bytes per block of 16 rows. Activations are packed once per call, per tile of 16 tokens; a
 /// pass holds 2 A, 2 B and 4 C tiles (32 rows x 32 tokens).

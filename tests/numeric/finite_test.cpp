@@ -1,4 +1,5 @@
-// all_finite / first_non_finite: every class of float, at every position of a block.
+// all_finite / first_non_finite: every class of float, at the ends of a buffer and on both sides
+// of a 16-float boundary.
 #include <doctest/doctest.h>
 
 #include <bit>

@@ -520,7 +520,7 @@ TEST_CASE("sequences sharing one KV pool decode as they do in pools of their own
   CHECK(pool->used_blocks() > 0);
   CHECK_THROWS_WITH_AS((void)m->new_sequence(model::kv_pool_for(cfg, kv::KvMap::uniform(cfg, {}), 1,
                                                                  std::make_shared<CountingMemory>(/*device=*/true))),
-                       doctest::Contains("a cpu model needs a KV pool in host memory"), Error);
+                       doctest::Contains("new_sequence: a sequence's KV pool is in a device's memory; this model runs on the CPU"), Error);
   CHECK_THROWS_WITH_AS((void)model::kv_pool_for(cfg, kv::KvMap::uniform(cfg, {}), 0), doctest::Contains("0 sequences"),
                        Error);
 }

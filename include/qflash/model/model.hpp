@@ -171,8 +171,8 @@ class Model {
   /// together attend in one call (a pool in this model's memory: kv_pool_for(config(), map,
   /// n, memory())).
   [[nodiscard]] SequenceState new_sequence(std::shared_ptr<kv::KvBlockPool> pool) const {
-    QFLASH_CHECK(pool && pool->memory()->on_device() == Arch::is_cuda, "new_sequence: a ", Arch::name,
-                 " model needs a KV pool in ", Arch::is_cuda ? "device" : "host", " memory");
+    QFLASH_CHECK(pool, "new_sequence: no KV pool");
+    check_pool_memory(*pool, "new_sequence");
     return SequenceState(cfg_, std::move(pool));
   }
 
@@ -278,6 +278,18 @@ class Model {
   }
 
  private:
+  /// Throws Error, naming `who`, unless this model can read KV in `pool`'s memory: its own
+  /// device memory for a CUDA model, host memory for a CPU one.
+  void check_pool_memory(kv::KvBlockPool const& pool, char const* who) const {
+    if constexpr (Arch::is_cuda)
+      QFLASH_CHECK(pool.memory() == opts_.memory, who, ": a sequence's KV pool is not in this ", Arch::name,
+                   " model's device memory (make sequences with the model's new_sequence, or pools with its "
+                   "memory())");
+    else
+      QFLASH_CHECK(!pool.memory()->on_device(), who,
+                   ": a sequence's KV pool is in a device's memory; this model runs on the CPU");
+  }
+
   using Attention = GatedAttention<S, Arch>;
   using DeltaNet = GatedDeltaNet<S, Arch>;
 
@@ -290,13 +302,7 @@ class Model {
     layout_adapters(seqs);
     for (auto const& c : seqs) {
       QFLASH_CHECK(c.state, "forward: a batch entry has no sequence state");
-      if constexpr (Arch::is_cuda)
-        QFLASH_CHECK(c.state->pool().memory() == opts_.memory, "forward: a sequence's KV pool is not in this ",
-                     Arch::name, " model's device memory (make sequences with the model's new_sequence, or pools "
-                     "with its memory())");
-      else
-        QFLASH_CHECK(!c.state->pool().memory()->on_device(),
-                     "forward: a sequence's KV pool is in a device's memory; this model runs on the CPU");
+      check_pool_memory(c.state->pool(), "forward");
       QFLASH_CHECK(!c.tokens.empty(), "forward: a batch entry has no tokens");
       QFLASH_CHECK(c.state->n_past() + static_cast<std::int64_t>(c.tokens.size()) <= c.state->max_positions(),
                    "sequence of ", c.state->n_past() + c.tokens.size(),

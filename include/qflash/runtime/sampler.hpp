@@ -9,7 +9,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
 #include <random>
 #include <span>
 #include <utility>

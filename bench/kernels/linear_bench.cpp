@@ -87,10 +87,11 @@ void register_all() {
   };
   // Qwen3.6-35B-A3B: an expert's gate/up (512 x 2048) and down (2048 x 512), the DeltaNet
   // in-projection (12288 x 2048, q k v z together), a 512-token prefill of the in-projection.
-  // expert_up_hot reads one copy that stays in cache: the kernel's compute ceiling for decode.
+  // The *_hot ones read one copy that stays in cache: the kernel's compute ceiling for decode.
   Shape const shapes[] = {{"expert_up", 512, 2048, 1, true},
                           {"expert_up_hot", 512, 2048, 1, false},
                           {"expert_down", 2048, 512, 1, true},
+                          {"expert_down_hot", 2048, 512, 1, false},
                           {"in_proj", 12288, 2048, 1, true},
                           {"in_proj_pp512", 12288, 2048, 512, false},
                           {"expert_up_pp16", 512, 2048, 16, false}};

@@ -29,13 +29,24 @@ using simd::avx512_halves_epi32;
 using simd::avx512_join;
 using simd::avx512_low;
 
-/// Asks for the cache lines of `bytes` at `p` + `ahead` (the same blocks R rows further on)
+/// Asks for the cache lines of `bytes` at `p` + `ahead` (the same blocks some rows further on)
 /// into L2, not L1: a streamed line is used once, and on the 2-core AMX VM of
 /// docs/performance.md one-thread q4_k decode read 5-10% more of the bandwidth so
 /// (linear_bench). A block's last partial line comes with the next block's first.
 QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE void prefetch_ahead(void const* p, std::int64_t ahead, std::size_t bytes) {
   auto const* next = static_cast<char const*>(p) + ahead;
   for (std::size_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+}
+
+/// Fewest bytes the q4_k and int4 row kernels prefetch ahead.
+inline constexpr std::int64_t kPrefetchMinBytes = 4096;
+/// How far those kernels look ahead when a pass reads rows `group` bytes long in all: whole
+/// groups of rows, at least kPrefetchMinBytes. One group is too near for short rows: an
+/// expert's down projection (4 rows of 288 bytes in q4_k) read 8.4-9.1 GB/s from memory with
+/// one thread, 9.1-10.5 so; int4's 8.1 -> 9.0-9.2 (linear_bench, model-167 VM). q8_0 and q6_k
+/// read 2-5% less so and keep one group.
+inline std::int64_t prefetch_distance(std::int64_t group) {
+  return group * ((kPrefetchMinBytes + group - 1) / group);
 }
 
 // ---- q8_0: two blocks per register, eight per step -----------------------------------------
@@ -410,6 +421,7 @@ QFLASH_TARGET_AVX512 QFLASH_SIMD_INLINE void q4_k_codes(BlockQ4K const& wb, __m5
 template <int R>
 QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ4K const* w, std::int64_t stride, BlockQ8K const* x,
                                           std::int64_t nb, float* out) {
+  std::int64_t const ahead = prefetch_distance(R * stride);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -433,7 +445,7 @@ QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockQ4K const* w, std::int64_t stride
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       BlockQ4K const& wb = row_at(w, stride, r)[b];
-      prefetch_ahead(&wb, R * stride, sizeof(BlockQ4K));
+      prefetch_ahead(&wb, ahead, sizeof(BlockQ4K));
       __m512i lo[2], hi[2];
       q4_k_codes(wb, lo, hi);
       if constexpr (R == 4) {
@@ -595,6 +607,7 @@ QFLASH_TARGET_AVX512_VNNI QFLASH_SIMD_INLINE __m512 int4_group(__m512 acc, __m51
 template <int R>
 QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockInt4G128 const* w, std::int64_t stride, ActQ8Pair const* x,
                                           std::int64_t n_pairs, float* out) {
+  std::int64_t const ahead = prefetch_distance(R * stride);
   __m512 acc[R];
   float mins[R];
   for (int r = 0; r < R; ++r) {
@@ -608,7 +621,7 @@ QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockInt4G128 const* w, std::int64_t s
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       BlockInt4G128 const& g = row_at(w, stride, r)[j / 2];
-      prefetch_ahead(&g, R * stride, sizeof(BlockInt4G128));
+      prefetch_ahead(&g, ahead, sizeof(BlockInt4G128));
       __m512i lo, hi;
       int4_codes(g, both, lo, hi);
       acc[r] = int4_group(acc[r], lo, hi, xa, _mm512_set1_ps(avx2_float(g.scale)));

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +87,47 @@ TEST_CASE("MappedFile maps a file read-only and names the path on failure") {
   std::remove(path.c_str());
   CHECK_THROWS_WITH_AS(MappedFile("/nonexistent/qflash.bin"),
                        doctest::Contains("/nonexistent/qflash.bin: cannot open"), Error);
+}
+
+namespace {
+/// Bytes of the mapping starting at `p` that are mapped into this process (/proc/self/smaps'
+/// Rss), or -1 when there is no such mapping.
+std::int64_t mapped_rss(void const* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in = false;
+  while (std::getline(smaps, line)) {
+    std::string const first = line.substr(0, line.find(' '));
+    if (first.find('-') != std::string::npos && first.find(':') == std::string::npos) {
+      in = std::stoull(first.substr(0, first.find('-')), nullptr, 16) == reinterpret_cast<std::uintptr_t>(p);
+    } else if (in && line.rfind("Rss:", 0) == 0) {
+      return std::stoll(line.substr(4)) * 1024;
+    }
+  }
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("populate_mapped_pages maps a range's pages in") {
+  std::string const path = "qflash_populate_test.bin";
+  std::size_t const size = (std::size_t{4} << 20) + 100;
+  {
+    std::ofstream f(path, std::ios::binary);
+    std::vector<char> const bytes(size, 'q');
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  {
+    MappedFile const m(path);
+    REQUIRE(mapped_rss(m.data()) == 0);
+    populate_mapped_pages(m.bytes().subspan(0, 0));
+    CHECK(mapped_rss(m.data()) == 0);
+    // Bytes [5000, 605000): pages 1..147 of the file.
+    populate_mapped_pages(m.bytes().subspan(5000, 600000));
+    std::int64_t const page = ::sysconf(_SC_PAGESIZE);
+    std::int64_t const want = (605000 + page - 1) / page * page - 5000 / page * page;
+    CHECK(mapped_rss(m.data()) >= want);  // or more: the kernel may map a whole folio around a page
+  }
+  std::remove(path.c_str());
 }
 
 TEST_CASE("printable escapes what a terminal would act on and keeps UTF-8") {

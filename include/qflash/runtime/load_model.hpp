@@ -121,12 +121,16 @@ class Converter {
   [[nodiscard]] WeightScheme scheme() const { return scheme_; }
 
   /// `src` (rows of stored tensor `name`, in a file mapping) in the format the scheme gives
-  /// `role`. A converted tensor's stored pages are released: resident memory holds one copy.
+  /// `role`. A view in place has its pages read in now; a converted tensor's stored pages are
+  /// released: resident memory holds one copy.
   /// Converting reads every value, so a NaN or Inf found on the way is an Error naming `name`.
   WeightView bind(WeightView const& src, WeightRole role, std::string_view name) {
     WeightFormat const want = format_for(scheme_, role, src.cols, src.format);
     if (want != runtime::detail::wanted_format(scheme_, role, src.format)) ++fallbacks_[want];
-    if (want == src.format && aligned(src)) return src;
+    if (want == src.format && aligned(src)) {
+      populate_mapped_pages({static_cast<std::byte const*>(src.data), static_cast<std::size_t>(src.bytes())});
+      return src;
+    }
     WeightView const out = convert(src, want);
     if (first_bad_row_ >= 0)
       QFLASH_FAIL("tensor '", name, "': row ", first_bad_row_, " holds a non-finite value (NaN or Inf)");

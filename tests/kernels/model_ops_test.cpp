@@ -192,7 +192,7 @@ TEST_CASE("linear: a token's sums do not depend on the tokens beside it, in ever
   // sum is the same chain of operations either way, so a batch gives each token its one-token
   // result, bit for bit (what a serving engine needs for batched and single runs to agree).
   // Exceptions, within fp32 rounding (kDot): the formats on AMX tiles, from kAmxMinTokens
-  // tokens, q8_0 and q4_k panels on AVX-512 VNNI, from kPanelMinTokens, and fp8 rows decoded
+  // tokens, q8_0 and q4_k panels (AVX2 and AVX-512), from kPanelMinTokens, and fp8 rows decoded
   // once for many tokens, from kFp8FusedMaxTokens.
   int const n_out = 67;  // rows over a few tiles, and enough for AMX (kAmxMinRows)
   for (int n_in : {512, 512 + 37, 352})  // whole GGUF blocks; columns past a vector; 8 + 3 q8_0 blocks
@@ -331,6 +331,60 @@ TEST_CASE("linear: q8_0 panels on AVX-512 VNNI give the AMX tiles' sums, bit for
     REQUIRE(cpu::panels_apply(arch::CpuIsa::kAvx512Bf16, WeightFormat::kQ8_0, n_tok));
     REQUIRE(cpu::linear(arch::CpuIsa::kAvx512Bf16, a) == Status::kSuccess);
     CHECK(tiles == panels);
+  }
+}
+
+TEST_CASE("linear: AVX2 panels (8 rows) give the AVX-512 panels' (16 rows) sums, bit for bit") {
+  // Both add each block's exact int32 sums into fp32 in the same steps, per row and token.
+  auto const isas = isas_here();
+  if (std::find(isas.begin(), isas.end(), arch::CpuIsa::kAvx512Vnni) == isas.end()) {
+    MESSAGE("skipped: this CPU has no AVX-512 VNNI");
+    return;
+  }
+  for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ4K})
+    for (auto [n_tok, n_in, n_out] : {std::array<int, 3>{8, 256, 16}, {37, 512, 40}, {70, 2048, 99}}) {
+      CAPTURE(to_string(f));
+      CAPTURE(n_tok);
+      auto const x = test::random_floats(static_cast<std::size_t>(n_tok * n_in), 13);
+      auto const wf = test::random_floats(static_cast<std::size_t>(n_out * n_in), 14);
+      auto const w = encode_matrix(f, wf.data(), n_out, n_in);
+      std::vector<float> narrow(static_cast<std::size_t>(n_tok * n_out)), wide(narrow.size());
+      LinearArgs a{};
+      a.w = w.view;
+      a.x = x.data();
+      a.n_tokens = n_tok;
+      a.y = narrow.data();
+      REQUIRE(cpu::panels_apply(arch::CpuIsa::kAvx2, f, n_tok));
+      REQUIRE(cpu::linear(arch::CpuIsa::kAvx2, a) == Status::kSuccess);
+      a.y = wide.data();
+      REQUIRE(cpu::linear(arch::CpuIsa::kAvx512Vnni, a) == Status::kSuccess);
+      CHECK(narrow == wide);
+    }
+}
+
+TEST_CASE("linear: q4_k panels sum the largest codes and activations without saturating") {
+  // A sub-block's products add up in int16 on AVX2: 16 per lane of code 15 times |x| 127.
+  int const n_tok = 8, n_in = 512, n_out = 16;
+  std::vector<float> wf(static_cast<std::size_t>(n_out * n_in), 1.0f);
+  for (std::size_t i = 0; i < wf.size(); i += 32) wf[i] = 0.0f;  // each sub-block: codes 0 and 15
+  std::vector<float> x(static_cast<std::size_t>(n_tok * n_in));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = i / n_in % 2 == 0 ? -1.0f : 1.0f;
+  auto const w = encode_matrix(WeightFormat::kQ4K, wf.data(), n_out, n_in);
+  LinearArgs a{};
+  a.w = w.view;
+  a.x = x.data();
+  a.n_tokens = n_tok;
+  std::vector<float> ref(static_cast<std::size_t>(n_tok * n_out));
+  a.y = ref.data();
+  ref::linear(a);
+  CHECK(std::fabs(ref[0] + (n_in - n_in / 32)) < 0.05 * n_in);  // the weights kept their size
+  for (auto isa : isas_here()) {
+    CAPTURE(to_string(isa));
+    std::vector<float> y(ref.size());
+    a.y = y.data();
+    REQUIRE(cpu::linear(isa, a) == Status::kSuccess);
+    auto r = all_close<float, float>(y, ref, kDot);
+    CHECK_MESSAGE(r.ok, r.report);
   }
 }
 

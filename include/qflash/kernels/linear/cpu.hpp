@@ -642,25 +642,29 @@ inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int6
   }
 }
 
-/// Fewest tokens that run q8_0 and q4_k rows in panels (q8_0_panel_tokens, q4_k_panel_tokens)
-/// on AVX-512 VNNI.
+/// Fewest tokens that run q8_0 and q4_k rows in panels (q8_0_panel_tokens, q4_k_panel_tokens;
+/// q8_0_panel8_tokens, q4_k_panel8_tokens on AVX2).
 inline constexpr std::int64_t kPanelMinTokens = 8;
-/// Tokens per panel pass.
-inline constexpr int kPanelTokens = 8;
 
-/// The weight blocks that have 16-row panels on AVX-512 VNNI (panel_rows): the one list.
+/// The weight blocks that have panels (panel_rows): the one list.
 template <class WB>
 inline constexpr bool kPanelBlock = std::is_same_v<WB, BlockQ8_0> || std::is_same_v<WB, BlockQ4K>;
 
-/// True when rows in format f of a projection of n_tokens tokens run in panels at `isa` (16-row
-/// panels; the rows past the last whole panel, and token blocks under kPanelMinTokens, on the
-/// row kernels). A token's sums there equal its one-token sums within fp32 rounding.
+/// Rows of a panel at `isa`: 16 on AVX-512 VNNI, 8 on AVX2.
+inline int panel_rows_at(arch::CpuIsa isa) {
+  return isa >= arch::CpuIsa::kAvx512Vnni ? kPanelRows : kAvx2PanelRows;
+}
+
+/// True when rows in format f of a projection of n_tokens tokens run in panels at `isa`
+/// (panel_rows_at(isa) rows each; the rows past the last whole panel, and token blocks under
+/// kPanelMinTokens, on the row kernels). A token's sums there equal its one-token sums within
+/// fp32 rounding.
 inline bool panels_apply(arch::CpuIsa isa, WeightFormat f, std::int64_t n_tokens) {
   bool const panels = f == WeightFormat::kQ8_0  ? kPanelBlock<BlockQ8_0>
                       : f == WeightFormat::kQ4K ? kPanelBlock<BlockQ4K>
                       : f == WeightFormat::kQ6K ? kPanelBlock<BlockQ6K>
                       : f == WeightFormat::kInt4 && kPanelBlock<BlockInt4G128>;
-  return panels && isa >= arch::CpuIsa::kAvx512Vnni && n_tokens >= kPanelMinTokens;
+  return panels && isa >= arch::CpuIsa::kAvx2 && n_tokens >= kPanelMinTokens;
 }
 
 #if QFLASH_HAS_X86_SIMD
@@ -740,41 +744,62 @@ void quant_rows_tokens(LinearRows const& p, std::int64_t o, std::int64_t nb, std
   }
 }
 
-/// Tokens [b0, b1) through the whole 16-row panels of rows [o0, o1) of a q8_0 or q4_k
-/// projection (WB its block, XB the activations'), each panel packed once for them; returns
-/// the first row left.
-template <class WB, class XB>
+/// Rows and tokens of a panel pass at SIMD width V.
+template <Simd V>
+inline constexpr int kPanelRowsOf = V == Simd::kAvx512 ? kPanelRows : kAvx2PanelRows;
+template <Simd V>
+inline constexpr int kPanelTokensOf = V == Simd::kAvx512 ? 8 : 4;
+
+/// Tokens [b0, b1) through the whole panels of rows [o0, o1) of a q8_0 or q4_k projection (WB
+/// its block, XB the activations'), each panel packed once for them; returns the first row left.
+template <Simd V, class WB, class XB>
 std::int64_t panel_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1, std::int64_t nb, std::int64_t b0,
                         std::int64_t b1) {
-  constexpr bool kQ8_0 = std::is_same_v<WB, BlockQ8_0>;
+  constexpr bool kQ8_0 = std::is_same_v<WB, BlockQ8_0>, kWide = V == Simd::kAvx512;
+  constexpr int kRows = kPanelRowsOf<V>, kTokens = kPanelTokensOf<V>;
+  constexpr std::int64_t kBlockBytes = kWide ? (kQ8_0 ? kQ8_0PanelBlockBytes : kQ4KPanelBlockBytes)
+                                             : (kQ8_0 ? kQ8_0Panel8BlockBytes : kQ4KPanel8BlockBytes);
   thread_local std::vector<std::byte> panel;
-  panel.resize(static_cast<std::size_t>(nb * (kQ8_0 ? kQ8_0PanelBlockBytes : kQ4KPanelBlockBytes)));
+  panel.resize(static_cast<std::size_t>(nb * kBlockBytes));
   auto tokens = [&]<int NT>(XB const* const* x, float* out) {
-    if constexpr (kQ8_0)
+    if constexpr (kWide && kQ8_0)
       q8_0_panel_tokens<NT>(panel.data(), x, nb, out);
-    else
+    else if constexpr (kWide)
       q4_k_panel_tokens<NT>(panel.data(), x, nb, out);
+    else if constexpr (kQ8_0)
+      q8_0_panel8_tokens<NT>(panel.data(), x, nb, out);
+    else
+      q4_k_panel8_tokens<NT>(panel.data(), x, nb, out);
   };
   std::int64_t o = o0;
-  for (; o + kPanelRows <= o1; o += kPanelRows) {
+  for (; o + kRows <= o1; o += kRows) {
     auto const* w = reinterpret_cast<WB const*>(p.w.row(o));
-    if constexpr (kQ8_0)
+    if constexpr (kWide && kQ8_0)
       q8_0_pack_panel(w, p.w.row_bytes(), nb, panel.data());
-    else
+    else if constexpr (kWide)
       q4_k_pack_panel(w, p.w.row_bytes(), nb, panel.data());
+    else if constexpr (kQ8_0)
+      q8_0_pack_panel8(w, p.w.row_bytes(), nb, panel.data());
+    else
+      q4_k_pack_panel8(w, p.w.row_bytes(), nb, panel.data());
     for (std::int64_t t = b0; t < b1;) {
       std::int64_t const left = b1 - t;
-      int const nt = left >= kPanelTokens ? kPanelTokens : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      XB const* x[kPanelTokens];
+      int const nt = left >= kTokens ? kTokens : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      XB const* x[kTokens];
       for (int k = 0; k < nt; ++k) x[k] = reinterpret_cast<XB const*>(p.xq_row(t + k));
-      alignas(64) float out[kPanelTokens * kPanelRows];
+      alignas(64) float out[kTokens * kRows];
       switch (nt) {
-        case kPanelTokens: tokens.template operator()<kPanelTokens>(x, out); break;
-        case 4: tokens.template operator()<4>(x, out); break;
+        case 1: tokens.template operator()<1>(x, out); break;
         case 2: tokens.template operator()<2>(x, out); break;
-        default: tokens.template operator()<1>(x, out); break;
+        case 4: tokens.template operator()<4>(x, out); break;
+        default: tokens.template operator()<kTokens>(x, out); break;
       }
-      for (int k = 0; k < nt; ++k) store_dots16(p, t + k, o, out + kPanelRows * k);
+      for (int k = 0; k < nt; ++k) {
+        if constexpr (kWide)
+          store_dots16(p, t + k, o, out + kRows * k);
+        else
+          for (int r = 0; r < kRows; ++r) store_dot(p, t + k, o + r, out[kRows * k + r]);
+      }
       t += nt;
     }
   }
@@ -785,7 +810,7 @@ std::int64_t panel_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1, s
 /// activations'): one token goes through kQuantRows rows per pass (decode: the weights stream
 /// from memory, the next rows prefetched); several go kQuantTokens per pass through each row
 /// (prefill: each block unpacked once for them). Both give a token the same sums, bit for bit;
-/// q8_0 and q4_k on AVX-512 VNNI run kPanelMinTokens or more through 16-row panels instead.
+/// q8_0 and q4_k run kPanelMinTokens or more through panels instead.
 template <Simd V, class WB, class XB>
 void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   constexpr int kRows = kQuantRows<V>;
@@ -797,8 +822,8 @@ void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
     if (b1 - b0 > 1) {
       constexpr int kTile = kQuantTileRows<WB>;
       std::int64_t o = o0;
-      if constexpr (V == Simd::kAvx512 && kPanelBlock<WB>)
-        if (b1 - b0 >= kPanelMinTokens) o = panel_rows<WB, XB>(p, o0, o1, nb, b0, b1);
+      if constexpr (kPanelBlock<WB>)
+        if (b1 - b0 >= kPanelMinTokens) o = panel_rows<V, WB, XB>(p, o0, o1, nb, b0, b1);
       if constexpr (kTile > 1)
         for (; o + kTile <= o1; o += kTile) quant_rows_tokens<V, kTile, WB, XB>(p, o, nb, b0, b1);
       for (; o < o1; ++o) quant_rows_tokens<V, 1, WB, XB>(p, o, nb, b0, b1);
@@ -942,7 +967,7 @@ void linear_parts(arch::CpuIsa isa, std::span<LinearArgs const> parts) {
       if (!r.amx.data) amx_pack(r, packed[i]);
     }
     block[i] = row_block(a.w.rows, max_threads(),
-                         amx ? 2 * kAmxRows : panels_apply(isa, f, a.n_tokens) ? kPanelRows : kTileRows);
+                         amx ? 2 * kAmxRows : panels_apply(isa, f, a.n_tokens) ? panel_rows_at(isa) : kTileRows);
     block_begin[i + 1] = block_begin[i] + (a.w.rows + block[i] - 1) / block[i];
     work += a.w.rows * a.w.cols * std::max<std::int64_t>(1, a.n_tokens);
   }

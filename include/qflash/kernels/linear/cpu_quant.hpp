@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "qflash/kernels/common/cpu_simd.hpp"
 #include "qflash/numeric/gguf_blocks.hpp"
@@ -41,8 +42,10 @@ inline constexpr int kPairValues = 64;
 enum class ActBlocks : int { kNone = 0, kQ8_0 = 1, kQ8K = 2, kQ8Pairs = 3 };
 inline constexpr int kActBlockKinds = 4;
 
-/// Weight rows of a q8_0 panel (cpu_quant_avx512.hpp: q8_0_pack_panel).
+/// Weight rows of a q8_0 / q4_k panel: 16 on AVX-512 VNNI (cpu_quant_avx512.hpp:
+/// q8_0_pack_panel), 8 on AVX2 (q8_0_pack_panel8, below).
 inline constexpr int kPanelRows = 16;
+inline constexpr int kAvx2PanelRows = 8;
 
 constexpr ActBlocks act_blocks(WeightFormat f) {
   switch (f) {
@@ -616,6 +619,204 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockInt4G128 const* w, ActQ8Pair const*
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]) + mins[t];
+}
+
+// ---- AVX2 panels: 8 rows' blocks interleaved, for prefill ----------------------------------
+// cpu_quant_avx512.hpp's 16-row panels at AVX2's width: register k of a block holds bytes
+// 4k..4k+3 of each of the 8 rows (row m in dword m), so one broadcast of a token's 4 bytes
+// meets 8 rows at once and a block ends in one int32 per row: one conversion and one fp32
+// multiply-add per 8 rows instead of per row, and no horizontal sums.
+
+/// Within each 128-bit half: dword k of each of r[0..3] into r[k] (two 4 x 4 transposes).
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void avx2_transpose4_epi32(__m256i* r) {
+  __m256i const t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+  __m256i const t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+  r[0] = _mm256_unpacklo_epi64(t0, t2);
+  r[1] = _mm256_unpackhi_epi64(t0, t2);
+  r[2] = _mm256_unpacklo_epi64(t1, t3);
+  r[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/// Dword k of each of r[0..7] into r[k] (an 8 x 8 transpose of dwords).
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void avx2_transpose8_epi32(__m256i* r) {
+  avx2_transpose4_epi32(r);
+  avx2_transpose4_epi32(r + 4);
+  for (int k = 0; k < 4; ++k) {
+    __m256i const lo = r[k], hi = r[k + 4];
+    r[k] = _mm256_permute2x128_si256(lo, hi, 0x20);
+    r[k + 4] = _mm256_permute2x128_si256(lo, hi, 0x31);
+  }
+}
+
+/// The 8 rows' fp16 scales at `offset` in their blocks, as fp32.
+template <class Block>
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_panel_scales(Block const* w, std::int64_t stride, std::int64_t b,
+                                                               std::size_t offset) {
+  alignas(16) std::uint16_t h[8];
+  for (int m = 0; m < 8; ++m)
+    std::memcpy(&h[m], reinterpret_cast<char const*>(row_at(w, stride, m) + b) + offset, sizeof h[m]);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<__m128i const*>(h)));
+}
+
+/// Loads the 32 bytes at `offset` in block b of each of the 8 rows and transposes them.
+template <class Block>
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void avx2_panel_load(Block const* w, std::int64_t stride, std::int64_t b,
+                                                           std::size_t offset, __m256i* r) {
+  for (int m = 0; m < 8; ++m)
+    r[m] = _mm256_loadu_si256(
+        reinterpret_cast<__m256i const*>(reinterpret_cast<char const*>(row_at(w, stride, m) + b) + offset));
+  avx2_transpose8_epi32(r);
+}
+
+// q8_0, per block: the 8 code registers, the same with each byte's magnitude (the sign
+// trick's unsigned operand: |w| x sign(x, w) = w x), then the rows' scales as fp32. Per
+// (row, token) the block's sum is exact int32 and adds into fp32 as sum * (d_w d_x).
+inline constexpr std::int64_t kQ8_0Panel8BlockBytes = 8 * 32 + 8 * 32 + 32;
+inline constexpr std::int64_t kQ8_0Panel8Magnitudes = 8 * 32, kQ8_0Panel8Scales = 16 * 32;
+
+/// Blocks [0, nb) of rows [0, 8) (`stride` bytes apart) into `panel` (nb * kQ8_0Panel8BlockBytes).
+QFLASH_TARGET_AVX2 inline void q8_0_pack_panel8(BlockQ8_0 const* w, std::int64_t stride, std::int64_t nb,
+                                                std::byte* panel) {
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::byte* out = panel + b * kQ8_0Panel8BlockBytes;
+    __m256i r[8];
+    avx2_panel_load(w, stride, b, offsetof(BlockQ8_0, qs), r);
+    for (int k = 0; k < 8; ++k) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * k), r[k]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQ8_0Panel8Magnitudes + 32 * k),
+                          _mm256_sign_epi8(r[k], r[k]));
+    }
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + kQ8_0Panel8Scales),
+                     avx2_panel_scales(w, stride, b, offsetof(BlockQ8_0, d)));
+  }
+}
+
+/// A panel's 8 rows against NT q8_0 activation rows x[t]: out[8 t + m].
+template <int NT>
+QFLASH_TARGET_AVX2 void q8_0_panel8_tokens(std::byte const* panel, BlockQ8_0 const* const* x, std::int64_t nb,
+                                           float* out) {
+  __m256i const ones = _mm256_set1_epi16(1);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::byte const* pb = panel + b * kQ8_0Panel8BlockBytes;
+    __m256i sum[NT];
+    for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 1  // unrolled, GCC keeps every product for a tree of adds and spills them
+    for (int k = 0; k < 8; ++k) {
+      __m256i const codes = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(pb + 32 * k));
+      __m256i const magnitudes =
+          _mm256_loadu_si256(reinterpret_cast<__m256i const*>(pb + kQ8_0Panel8Magnitudes + 32 * k));
+      for (int t = 0; t < NT; ++t) {
+        std::int32_t q;
+        std::memcpy(&q, x[t][b].qs + 4 * k, 4);
+        __m256i const signed_x = _mm256_sign_epi8(_mm256_set1_epi32(q), codes);
+        sum[t] = _mm256_add_epi32(sum[t], avx2_dot_u8s8(magnitudes, signed_x, ones));
+      }
+    }
+    __m256 const dw = _mm256_loadu_ps(reinterpret_cast<float const*>(pb + kQ8_0Panel8Scales));
+    for (int t = 0; t < NT; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(avx2_float(x[t][b].d))),
+                               acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+// q4_k, per block: 64 code registers (register 8j + g: values 4g..4g+3 of sub-block j, as
+// bytes 0..15), the 8 sub-block scales per row as an int16 pair (s, s), the 8 mins as int16
+// pairs per row (pair p: sub-blocks 2p, 2p + 1), then d and dmin as fp32. A sub-block's
+// products (codes <= 15, |x| <= 128) sum in int16 without saturating (16 x 15 x 128 <= 32767
+// per lane), one vpmaddwd scales them into int32; the block then adds into fp32 as
+// sum * (d d_x) - mins * (dmin d_x), as the 16-row panels do.
+inline constexpr std::int64_t kQ4KPanel8BlockBytes = 64 * 32 + 8 * 32 + 4 * 32 + 2 * 32;
+inline constexpr std::int64_t kQ4KPanel8Scales = 64 * 32, kQ4KPanel8Mins = kQ4KPanel8Scales + 8 * 32,
+                              kQ4KPanel8D = kQ4KPanel8Mins + 4 * 32;
+
+/// Blocks [0, nb) of rows [0, 8) (`stride` bytes apart) into `panel` (nb * kQ4KPanel8BlockBytes).
+QFLASH_TARGET_AVX2 inline void q4_k_pack_panel8(BlockQ4K const* w, std::int64_t stride, std::int64_t nb,
+                                                std::byte* panel) {
+  __m256i const nibble = _mm256_set1_epi8(0x0f);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::byte* out = panel + b * kQ4KPanel8BlockBytes;
+    // Values 64p + 4i.. sit in the low nibbles of qs dword 8p + i, values 64p + 32 + 4i.. in its high ones.
+    for (int p = 0; p < 4; ++p) {
+      __m256i r[8];
+      avx2_panel_load(w, stride, b, offsetof(BlockQ4K, qs) + 32 * p, r);
+      for (int i = 0; i < 8; ++i) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * (16 * p + i)), _mm256_and_si256(r[i], nibble));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * (16 * p + 8 + i)),
+                            _mm256_and_si256(_mm256_srli_epi16(r[i], 4), nibble));
+      }
+    }
+    // Each row's scales and mins as int16 pairs (pair p: sub-blocks 2p, 2p + 1), rows k and
+    // k + 4 in the halves of register k, transposed to pair p of every row in register p.
+    __m256i scales[4], mins[4];
+    for (int k = 0; k < 4; ++k) {
+      __m128i const lo = avx2_q4_k_scales(row_at(w, stride, k)[b].scales);
+      __m128i const hi = avx2_q4_k_scales(row_at(w, stride, k + 4)[b].scales);
+      scales[k] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(lo, hi));
+      mins[k] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(lo, hi));
+    }
+    avx2_transpose4_epi32(scales);
+    avx2_transpose4_epi32(mins);
+    for (int p = 0; p < 4; ++p) {
+      auto* sc = reinterpret_cast<__m256i*>(out + kQ4KPanel8Scales + 64 * p);
+      _mm256_storeu_si256(sc, _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scales[p], 0xa0), 0xa0));  // (s_2p, s_2p)
+      _mm256_storeu_si256(sc + 1, _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scales[p], 0xf5), 0xf5));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQ4KPanel8Mins + 32 * p), mins[p]);
+    }
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + kQ4KPanel8D),
+                     avx2_panel_scales(w, stride, b, offsetof(BlockQ4K, d)));
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + kQ4KPanel8D + 32),
+                     avx2_panel_scales(w, stride, b, offsetof(BlockQ4K, dmin)));
+  }
+}
+
+/// A panel's 8 rows against NT q8_k activation rows x[t]: out[8 t + m].
+template <int NT>
+QFLASH_TARGET_AVX2 void q4_k_panel8_tokens(std::byte const* panel, BlockQ8K const* const* x, std::int64_t nb,
+                                           float* out) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::byte const* pb = panel + b * kQ4KPanel8BlockBytes;
+    __m256i sum[NT];
+    for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      __m256i sub[NT];
+      for (int t = 0; t < NT; ++t) sub[t] = _mm256_setzero_si256();
+#pragma GCC unroll 1  // as in q8_0_panel8_tokens
+      for (int g = 0; g < 8; ++g) {
+        __m256i const codes = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(pb + 32 * (8 * j + g)));
+        for (int t = 0; t < NT; ++t) {
+          std::int32_t q;
+          std::memcpy(&q, x[t][b].qs + 32 * j + 4 * g, 4);
+          sub[t] = _mm256_add_epi16(sub[t], _mm256_maddubs_epi16(codes, _mm256_set1_epi32(q)));
+        }
+      }
+      __m256i const sc = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(pb + kQ4KPanel8Scales + 32 * j));
+      for (int t = 0; t < NT; ++t) sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(sub[t], sc));
+    }
+    __m256i min[NT];
+    for (int t = 0; t < NT; ++t) min[t] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      __m256i const mins = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(pb + kQ4KPanel8Mins + 32 * p));
+      for (int t = 0; t < NT; ++t) {
+        std::int16_t const* bs = x[t][b].bsums + 4 * p;  // sub-block 2p: bs[0] + bs[1]; 2p + 1: bs[2] + bs[3]
+        auto const lo = static_cast<std::uint16_t>(bs[0] + bs[1]), hi = static_cast<std::uint16_t>(bs[2] + bs[3]);
+        __m256i const pair = _mm256_set1_epi32(static_cast<std::int32_t>(lo | (std::uint32_t{hi} << 16)));
+        min[t] = _mm256_add_epi32(min[t], _mm256_madd_epi16(mins, pair));
+      }
+    }
+    __m256 const d = _mm256_loadu_ps(reinterpret_cast<float const*>(pb + kQ4KPanel8D));
+    __m256 const dmin = _mm256_loadu_ps(reinterpret_cast<float const*>(pb + kQ4KPanel8D + 32));
+    for (int t = 0; t < NT; ++t) {
+      __m256 const xd = _mm256_set1_ps(x[t][b].d);
+      acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min[t]), _mm256_mul_ps(dmin, xd), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(d, xd), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
 QFLASH_SIMD_END

@@ -70,7 +70,8 @@ TEST_CASE("linear: every ISA path and weight format equals the reference") {
                                                {40, 2048, 9},  // two token blocks (kTokenBlockBytes)
                                                {8, 32, 16},   {37, 96, 50},  {16, 64, 32}, {70, 256, 67},
                                                {33, 512, 80},
-                                               {1, 352, 6}};  // q8_0 decode: 8 blocks per step, then 3
+                                               {1, 352, 6},  // q8_0 decode: 8 blocks per step, then 3
+                                               {1, 256, 1100}, {1, 512, 700}};  // decode, rows a page apart
   for (auto isa : isas_here())
     for (WeightFormat f : kAllWeightFormats)
       for (auto [n_tok, n_in, n_out] : shapes) {

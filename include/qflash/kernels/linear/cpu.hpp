@@ -187,14 +187,16 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(Fp16 const* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<__m128i const*>(p)));
 }
 
-/// y[t0 + t, o + r] for r < R, t < NT, with weight row o + r at w + r * cols: one pass over
+/// y[t0 + t, o + r step] for r < R, t < NT, with weight row o + r step at w + r step cols: one pass over
 /// the columns, each weight vector multiplied into NT tokens and each activation vector into
 /// R rows. Every (row, token) sum is one FMA chain over the columns in order, whatever R and
 /// NT (the column tail too: std::fma, not left to the compiler's contraction, which differs
 /// between instantiations), so a token's result does not depend on the tokens beside it. One token goes through
-/// kOneTokenRows rows per pass (that many chains in flight), with the next rows prefetched.
+/// kOneTokenRows rows per pass (that many chains in flight), with the next rows prefetched
+/// when they are adjacent (step 1).
 template <class W, int R, int NT>
-QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0) {
+QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0,
+                                        std::int64_t step = 1) {
   std::int64_t const n = p.w.cols;
   std::int64_t const n8 = n / 8 * 8;
   float const* x[NT];
@@ -211,9 +213,9 @@ QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::in
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if constexpr (NT == 1)
-        if (((i * static_cast<std::int64_t>(sizeof(W))) & 63) == 0)
+        if (step == 1 && ((i * static_cast<std::int64_t>(sizeof(W))) & 63) == 0)
           _mm_prefetch(reinterpret_cast<char const*>(w + (R + r) * n + i), _MM_HINT_T0);
-      __m256 const wv = avx2_load_weights(w + r * n + i);
+      __m256 const wv = avx2_load_weights(w + r * step * n + i);
 #pragma GCC unroll 3
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
     }
@@ -221,8 +223,8 @@ QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::in
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) {
       float s = simd::avx2_reduce_add(acc[r][t]);
-      for (std::int64_t i = n8; i < n; ++i) s = std::fma(x[t][i], widen(w[r * n + i]), s);
-      store_dot(p, t0 + t, o + r, s);
+      for (std::int64_t i = n8; i < n; ++i) s = std::fma(x[t][i], widen(w[r * step * n + i]), s);
+      store_dot(p, t0 + t, o + r * step, s);
     }
 }
 
@@ -242,6 +244,15 @@ QFLASH_TARGET_AVX2 void float_group_avx2(LinearRows const& p, W const* w, std::i
   std::int64_t const n = p.w.cols;
   if (b1 - b0 == 1) {
     int r = 0;
+    // Rows shorter than a page go kOneTokenRows at a time a page apart (rows r + s + k * step
+    // of a group): the hardware prefetcher follows one stream per page, not several (Zen 3:
+    // 1 KiB bf16 rows, 10-11 GB/s read 8 adjacent at a time, 17 GB/s a page apart).
+    std::int64_t const row_bytes = std::max<std::int64_t>(1, n * std::int64_t{sizeof(W)});
+    int const step = static_cast<int>(std::clamp<std::int64_t>(4096 / row_bytes, 1, 8));
+    if (step > 1)
+      for (; r + kOneTokenRows * step <= nr; r += kOneTokenRows * step)
+        for (int s = 0; s < step; ++s)
+          float_tile_avx2<W, kOneTokenRows, 1>(p, w + (r + s) * n, o + r + s, b0, step);
     for (; r + kOneTokenRows <= nr; r += kOneTokenRows) float_tile_avx2<W, kOneTokenRows, 1>(p, w + r * n, o + r, b0);
     for (; r < nr; ++r) float_tile_avx2<W, 1, 1>(p, w + r * n, o + r, b0);
     return;
@@ -534,6 +545,10 @@ void float_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
   float* const widened = widen_rows ? p.scratch->get(static_cast<std::size_t>(kGroupRows * n)) : nullptr;
   for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
     std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
+    if (b1 - b0 == 1) {  // decode: all rows at once, so that they can go a page apart (float_group_avx2)
+      float_group<V, W>(p, static_cast<W const*>(p.w.data) + o0 * n, o0, static_cast<int>(o1 - o0), b0, b1);
+      continue;
+    }
     for (std::int64_t o = o0; o < o1; o += kGroupRows) {
       int const nr = static_cast<int>(std::min<std::int64_t>(kGroupRows, o1 - o));
       W const* w = static_cast<W const*>(p.w.data) + o * n;

@@ -844,10 +844,22 @@ void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
       for (; o < o1; ++o) quant_rows_tokens<V, 1, WB, XB>(p, o, nb, b0, b1);
       continue;
     }
-    for (std::int64_t o = o0; o < o1; o += kRows) {
+    auto const* x = reinterpret_cast<XB const*>(p.xq_row(b0));
+    std::int64_t o = o0;
+    if constexpr (V == Simd::kAvx2) {
+      // Rows shorter than a page, kRows at a time a page apart (as float_group_avx2).
+      std::int64_t const step = std::clamp<std::int64_t>(4096 / stride, 1, 8);
+      if (step > 1)
+        for (; o + kRows * step <= o1; o += kRows * step)
+          for (std::int64_t s = 0; s < step; ++s) {
+            float out[kRows];
+            quant_dot<V, kRows>(reinterpret_cast<WB const*>(p.w.row(o + s)), stride * step, x, nb, out);
+            for (int r = 0; r < kRows; ++r) store_dot(p, b0, o + s + r * step, out[r]);
+          }
+    }
+    for (; o < o1; o += kRows) {
       int const nr = static_cast<int>(std::min<std::int64_t>(kRows, o1 - o));
       auto const* rows = reinterpret_cast<WB const*>(p.w.row(o));
-      auto const* x = reinterpret_cast<XB const*>(p.xq_row(b0));
       float out[kRows];
       if (nr == kRows)
         quant_dot<V, kRows>(rows, stride, x, nb, out);

@@ -187,13 +187,13 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(Fp16 const* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<__m128i const*>(p)));
 }
 
-/// y[t0 + t, o + r step] for r < R, t < NT, with weight row o + r step at w + r step cols: one pass over
-/// the columns, each weight vector multiplied into NT tokens and each activation vector into
-/// R rows. Every (row, token) sum is one FMA chain over the columns in order, whatever R and
-/// NT (the column tail too: std::fma, not left to the compiler's contraction, which differs
-/// between instantiations), so a token's result does not depend on the tokens beside it. One token goes through
-/// kOneTokenRows rows per pass (that many chains in flight), with the next rows prefetched
-/// when they are adjacent (step 1).
+/// y[t0 + t, o + r step] for r < R, t < NT, with weight row o + r step at w + r step cols:
+/// one pass over the columns, each weight vector multiplied into NT tokens and each activation
+/// vector into R rows. Every (row, token) sum is one FMA chain over the columns in order,
+/// whatever R and NT (the column tail too: std::fma, not left to the compiler's contraction,
+/// which differs between instantiations), so a token's result does not depend on the tokens
+/// beside it. One token goes through kOneTokenRows rows per pass (that many chains in flight),
+/// with the next rows prefetched when they are adjacent (step 1).
 template <class W, int R, int NT>
 QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0,
                                         std::int64_t step = 1) {
@@ -994,7 +994,9 @@ void linear_parts(arch::CpuIsa isa, std::span<LinearArgs const> parts) {
       if (!r.amx.data) amx_pack(r, packed[i]);
     }
     block[i] = row_block(a.w.rows, max_threads(),
-                         amx ? 2 * kAmxRows : panels_apply(isa, f, a.n_tokens) ? panel_rows_at(isa) : kTileRows);
+                         amx                                ? 2 * kAmxRows
+                         : panels_apply(isa, f, a.n_tokens) ? panel_rows_at(isa)
+                                                            : kTileRows);
     block_begin[i + 1] = block_begin[i] + (a.w.rows + block[i] - 1) / block[i];
     work += a.w.rows * a.w.cols * std::max<std::int64_t>(1, a.n_tokens);
   }

@@ -56,6 +56,14 @@ inline constexpr int kFloatTileTokens = V == Simd::kAvx512 ? 4 : kTileTokens;
 /// Activations of one token block are kept within this many bytes (an L2's share).
 inline constexpr std::int64_t kTokenBlockBytes = 256 << 10;
 
+/// Rows apart that the rows of one AVX2 decode pass go when rows are shorter than a page
+/// (4096 / row bytes, 1 to 8), so that each of the pass's streams is in its own page: the
+/// hardware prefetcher follows one stream per page, not several (Zen 3: 1 KiB bf16 rows,
+/// 10-11 GB/s read 8 adjacent at a time, 17 GB/s a page apart).
+inline std::int64_t page_apart_step(std::int64_t row_bytes) {
+  return std::clamp<std::int64_t>(4096 / std::max<std::int64_t>(1, row_bytes), 1, 8);
+}
+
 /// One projection as the row kernels see it: token t of n_tokens reads activation row
 /// x_index[t] (t when null) and writes output row y_index[t] (t when null), adding
 /// y_scale[t] times its dot products when y_scale is set (the experts' weighted combine).
@@ -245,10 +253,8 @@ QFLASH_TARGET_AVX2 void float_group_avx2(LinearRows const& p, W const* w, std::i
   if (b1 - b0 == 1) {
     int r = 0;
     // Rows shorter than a page go kOneTokenRows at a time a page apart (rows r + s + k * step
-    // of a group): the hardware prefetcher follows one stream per page, not several (Zen 3:
-    // 1 KiB bf16 rows, 10-11 GB/s read 8 adjacent at a time, 17 GB/s a page apart).
-    std::int64_t const row_bytes = std::max<std::int64_t>(1, n * std::int64_t{sizeof(W)});
-    int const step = static_cast<int>(std::clamp<std::int64_t>(4096 / row_bytes, 1, 8));
+    // of a group).
+    int const step = static_cast<int>(page_apart_step(n * std::int64_t{sizeof(W)}));
     if (step > 1)
       for (; r + kOneTokenRows * step <= nr; r += kOneTokenRows * step)
         for (int s = 0; s < step; ++s)
@@ -847,8 +853,8 @@ void quant_rows_simd(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
     auto const* x = reinterpret_cast<XB const*>(p.xq_row(b0));
     std::int64_t o = o0;
     if constexpr (V == Simd::kAvx2) {
-      // Rows shorter than a page, kRows at a time a page apart (as float_group_avx2).
-      std::int64_t const step = std::clamp<std::int64_t>(4096 / stride, 1, 8);
+      // Rows shorter than a page, kRows at a time a page apart.
+      std::int64_t const step = page_apart_step(stride);
       if (step > 1)
         for (; o + kRows * step <= o1; o += kRows * step)
           for (std::int64_t s = 0; s < step; ++s) {

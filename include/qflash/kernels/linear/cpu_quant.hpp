@@ -298,8 +298,12 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   __m256i const nibble = _mm256_set1_epi8(0x0f);
+  __m256i const next_mask = _mm256_set1_epi8(2);  // avx2_broadcast16_mask(j) -> (j + 1)
   auto row = [&](int r) { return row_at(w, stride, r); };
   for (std::int64_t b = 0; b < nb; ++b) {
+    // bsums[2j] + bsums[2j + 1] in int32 lane j: sub-block j's activation sum, for every row.
+    __m256i const x_sums =
+        _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].bsums)), _mm256_set1_epi16(1));
     __m256i scales[R];  // the 8 sub-block scales as int16, in both 128-bit halves
     __m256i dot[R];
 #pragma GCC unroll 4
@@ -308,19 +312,18 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
       prefetch_next_rows<R>(&wb, stride);
       __m128i const packed = avx2_q4_k_scales(wb.scales);
       scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
-      // mins: sum_j m_j * (bsums[2j] + bsums[2j + 1]) as one int16 multiply-add over 16 lanes.
-      __m128i const m8 = _mm_unpackhi_epi64(packed, packed);
-      __m256i const m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));  // m0 m0 m1 m1 ...
-      __m256i const bs = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].bsums));
-      __m256 const mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
+      // mins: m_j * x_sums_j in lane j (each min in the low int16 of its lane, 0 above it).
+      __m256i const m32 = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(packed, packed));
+      __m256 const mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(m32, x_sums));
       acc[r] = _mm256_fnmadd_ps(mins, _mm256_set1_ps(x[b].d * avx2_float(wb.dmin)), acc[r]);
       dot[r] = _mm256_setzero_si256();
     }
-#pragma GCC unroll 4
+    __m256i mask_lo = avx2_broadcast16_mask(0);  // built by adds, not loaded per sub-block
+#pragma GCC unroll 1
     for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles)
       __m256i const x_lo = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs + 64 * p));
       __m256i const x_hi = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x[b].qs + 64 * p + 32));
-      __m256i const mask_lo = avx2_broadcast16_mask(2 * p), mask_hi = avx2_broadcast16_mask(2 * p + 1);
+      __m256i const mask_hi = _mm256_add_epi8(mask_lo, next_mask);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         __m256i const q = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(row(r)[b].qs + 32 * p));
@@ -329,6 +332,7 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
         dot[r] = avx2_dot_u8s8_acc<kVnni>(dot[r], lo, x_lo, _mm256_shuffle_epi8(scales[r], mask_lo));
         dot[r] = avx2_dot_u8s8_acc<kVnni>(dot[r], hi, x_hi, _mm256_shuffle_epi8(scales[r], mask_hi));
       }
+      mask_lo = _mm256_add_epi8(mask_hi, next_mask);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)

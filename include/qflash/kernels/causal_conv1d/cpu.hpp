@@ -68,10 +68,40 @@ QFLASH_FORCEINLINE void conv_row_any(float const* const* src, float const* wt, i
 /// Largest d_conv with an unrolled row kernel (MoeSpec allows d_conv <= 8).
 inline constexpr int kMaxFixedConv = 8;
 
+/// One token (decode), channels [c0, c0 + nc): the weight [c][K] and state [c][K-1] read where
+/// they are, without an item's transposed copies, which cost more than the products here. Each
+/// channel's products and sums are conv_row_fixed's, in its order.
+template <int K>
+QFLASH_FORCEINLINE void conv_one_token_fixed(CausalConv1dArgs const& a, std::int64_t c0, int nc) {
+  float const* const w = a.weight + c0 * K;
+  float const* const st = K > 1 ? a.state + c0 * (K - 1) : nullptr;
+  float const* const x = a.x + c0;
+  float* const y = a.y + c0;
+  auto const tap = [&](int c, int j) { return j < K - 1 ? st[c * (K - 1) + j] : x[c]; };
+  for (int c = 0; c < nc; ++c) {
+    float acc = w[c * K] * tap(c, 0);
+    for (int j = 1; j < K; ++j) acc += w[c * K + j] * tap(c, j);
+    y[c] = a.apply_silu ? gdn::silu_f32(acc) : acc;
+  }
+}
+
 /// y for tokens [t0, t0 + nt) and channels [c0, c0 + nc). Reads the state, does not write it.
 QFLASH_FORCEINLINE void conv_item(CausalConv1dArgs const& a, std::int64_t t0, std::int64_t nt,
                                   std::int64_t c0, int nc, float* scratch) {
   int const k = a.d_conv;
+  if (a.n_tokens == 1) {
+    switch (k) {
+      case 1: return conv_one_token_fixed<1>(a, c0, nc);
+      case 2: return conv_one_token_fixed<2>(a, c0, nc);
+      case 3: return conv_one_token_fixed<3>(a, c0, nc);
+      case 4: return conv_one_token_fixed<4>(a, c0, nc);
+      case 5: return conv_one_token_fixed<5>(a, c0, nc);
+      case 6: return conv_one_token_fixed<6>(a, c0, nc);
+      case 7: return conv_one_token_fixed<7>(a, c0, nc);
+      case 8: return conv_one_token_fixed<8>(a, c0, nc);
+      default: break;
+    }
+  }
   std::int64_t const n_ch = a.n_channels;
   float* const wt = scratch;                           // [K][kConvChannels]    weight, tap-major
   float* const hist = wt + k * kConvChannels;          // [K-1][kConvChannels]  state, oldest first

@@ -312,7 +312,8 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockQ4K const* w, std::int64_t stride, BlockQ8
       prefetch_next_rows<R>(&wb, stride);
       __m128i const packed = avx2_q4_k_scales(wb.scales);
       scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
-      // mins: m_j * x_sums_j in lane j (each min in the low int16 of its lane, 0 above it).
+      // mins: m_j * x_sums_j in lane j (each min in the low int16 of its lane, 0 above it; a
+      // sum of 32 activations, |sum| <= 4096, is its lane's low int16 too).
       __m256i const m32 = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(packed, packed));
       __m256 const mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(m32, x_sums));
       acc[r] = _mm256_fnmadd_ps(mins, _mm256_set1_ps(x[b].d * avx2_float(wb.dmin)), acc[r]);

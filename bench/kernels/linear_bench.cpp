@@ -88,13 +88,18 @@ void register_all() {
   // Qwen3.6-35B-A3B: an expert's gate/up (512 x 2048) and down (2048 x 512), the DeltaNet
   // in-projection (12288 x 2048, q k v z together), a 512-token prefill of the in-projection.
   // The *_hot ones read one copy that stays in cache: the kernel's compute ceiling for decode.
+  // micro_*: the embedded default model (hidden 192) at 16 decoding sequences, from cache: its
+  // DeltaNet in-projection (q k v), lm_head and shared expert's down projection.
   Shape const shapes[] = {{"expert_up", 512, 2048, 1, true},
                           {"expert_up_hot", 512, 2048, 1, false},
                           {"expert_down", 2048, 512, 1, true},
                           {"expert_down_hot", 2048, 512, 1, false},
                           {"in_proj", 12288, 2048, 1, true},
                           {"in_proj_pp512", 12288, 2048, 512, false},
-                          {"expert_up_pp16", 512, 2048, 16, false}};
+                          {"expert_up_pp16", 512, 2048, 16, false},
+                          {"micro_qkv_b16", 512, 192, 16, false},
+                          {"micro_lm_head_b16", 4096, 192, 16, false},
+                          {"micro_shared_down_b16", 192, 128, 16, false}};
   for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBf16, WeightFormat::kF16, WeightFormat::kQ8_0,
                          WeightFormat::kQ4K, WeightFormat::kQ6K, WeightFormat::kInt4, WeightFormat::kFp8E4m3})
     for (Shape const& s : shapes) {

@@ -49,6 +49,16 @@ QFLASH_TARGET_AVX2 void simd_eval(float const* x, float* exp_out, float* silu_ou
   _mm256_storeu_ps(exp_out, simd::avx2_exp(_mm256_loadu_ps(x)));
   _mm256_storeu_ps(silu_out, simd::avx2_silu(_mm256_loadu_ps(x)));
 }
+
+/// 8 vectors of 8 lanes at v: each one's avx2_reduce_add, and avx2_reduce_add8's lanes.
+QFLASH_TARGET_AVX2 void reduce_both(float const* v, float* one_by_one, float* eight) {
+  __m256 vs[8];
+  for (int j = 0; j < 8; ++j) {
+    vs[j] = _mm256_loadu_ps(v + 8 * j);
+    one_by_one[j] = simd::avx2_reduce_add(vs[j]);
+  }
+  _mm256_storeu_ps(eight, simd::avx2_reduce_add8(vs));
+}
 #endif
 
 /// The levels with code of their own in these ops (kAvx512Bf16 runs kAvx512Vnni's; kAmx has
@@ -802,6 +812,42 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every we
     }
 }
 
+TEST_CASE("expert_ffn: float formats give each token its one-token result, bit for bit") {
+  // Rows and columns off the tiles' multiples, so that a row's sum is stored by a different
+  // tile (8 or 4 rows, or one) in a batch than alone; the routing weight is applied as it is
+  // stored. AMX tiles (bf16 from kAmxMinTokens) sum in another order and are left out.
+  int const n_expert = 5, k = 2, d_model = 44, d_ff = 24, n_tok = 9;
+  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBf16, WeightFormat::kF16}) {
+    CAPTURE(to_string(f));
+    test::ExpertCase c;
+    c.add_experts(n_expert, f, f, d_model, d_ff, 40);
+    c.shared = c.expert(f, f, d_model, 28, 80);
+    c.set_tokens(n_tok, d_model, k, 11);
+    for (int t = 0; t < n_tok; ++t) {
+      c.routes.insert(c.routes.end(), {t % 2, 2 + t % 3});  // experts 0 and 1 get 4-5 tokens each
+      c.route_weights.insert(c.route_weights.end(), {0.6f, 0.4f});
+      c.shared_weights.push_back(0.3f);
+    }
+    for (auto isa : isas_here()) {
+      if (isa >= arch::CpuIsa::kAmx) continue;
+      CAPTURE(to_string(isa));
+      std::vector<float> batch(static_cast<std::size_t>(n_tok * d_model), 0.5f), one(batch);
+      ExpertFfnArgs a = c.args(batch.data());
+      REQUIRE(cpu::expert_ffn<WeightFormat::kAny>(isa, a) == Status::kSuccess);
+      for (int t = 0; t < n_tok; ++t) {
+        ExpertFfnArgs b = c.args(one.data() + t * d_model);
+        b.n_tokens = 1;
+        b.x = c.x.data() + t * d_model;
+        b.routes = c.routes.data() + t * k;
+        b.route_weights = c.route_weights.data() + t * k;
+        b.shared_weights = c.shared_weights.data() + t;
+        REQUIRE(cpu::expert_ffn<WeightFormat::kAny>(isa, b) == Status::kSuccess);
+      }
+      CHECK(batch == one);
+    }
+  }
+}
+
 TEST_CASE("expert_ffn: a shared expert of another width and mixed formats, in one call") {
   // q4_k_m-like: gate/up q4_k, down q6_k; the shared expert wider and in bf16; many tokens.
   int const n_expert = 6, k = 3, d_model = 256, d_ff = 256, d_ff_shared = 512;
@@ -950,6 +996,29 @@ TEST_CASE("expert_ffn: experts sliced from stacked tensors are one strided set; 
   REQUIRE(s.has_value());
   CHECK(s->row0_stride == 0);
   CHECK(s->at(2).scale_row(129) == experts[2].gate.scale_row(129));
+}
+
+TEST_CASE("avx2_reduce_add8: each lane is avx2_reduce_add of its vector, bit for bit") {
+  // Lanes of magnitudes 2^-20 to 2^20 and both signs: another order of the adds rounds
+  // differently (checked: the plain left-to-right sum differs on most of these).
+#if QFLASH_HAS_X86_SIMD
+  if (arch::detect_cpu_isa() < arch::CpuIsa::kAvx2) return;
+  auto const u = test::random_floats(64 * 200, 31);
+  int differs_from_serial = 0;
+  for (std::size_t c = 0; c < 200; ++c) {
+    float v[64];
+    for (int i = 0; i < 64; ++i) v[i] = std::ldexp(u[c * 64 + static_cast<std::size_t>(i)], (i * 7 + static_cast<int>(c)) % 41 - 20);
+    float one[8], eight[8];
+    reduce_both(v, one, eight);
+    for (int j = 0; j < 8; ++j) {
+      CHECK(std::memcmp(&one[j], &eight[j], sizeof(float)) == 0);
+      float serial = 0;
+      for (int l = 0; l < 8; ++l) serial += v[8 * j + l];
+      differs_from_serial += serial != one[j];
+    }
+  }
+  CHECK(differs_from_serial > 200);  // the data tells orders apart
+#endif
 }
 
 TEST_CASE("vector exp and SiLU: within 2 ulp of std::exp, limits and NaN") {

@@ -29,6 +29,7 @@
 
 #include "qflash/arch/cpu_features.hpp"
 #include "qflash/core/parallel.hpp"
+#include "qflash/kernels/common/cpu_simd.hpp"
 #include "qflash/kernels/gated_delta/op.hpp"
 #include "qflash/kernels/gated_delta/ref.hpp"
 
@@ -434,16 +435,6 @@ class AlignedFloats {
   std::size_t capacity_ = 0;
 };
 
-/// Asks for [p, p + n) to be brought into cache: the q, k, v rows of successive tokens are
-/// kilobytes apart, beyond what the hardware prefetchers follow.
-inline void prefetch_floats(float const* p, std::int64_t n) {
-#if defined(__GNUC__) || defined(__clang__)
-  for (std::int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
 
 /// Operand addressing of one call.
 struct Layout {
@@ -549,7 +540,8 @@ inline void recurrent_block(RowKernels const& rk, GatedDeltaArgs const& a, Layou
     if (!in_place) load_tile(s, dk, dv, c0, nc, st);
     for (std::int64_t i = 0; i < n; ++i) {
       std::int64_t const t = t0 + i;
-      if (i + 2 < n) prefetch_floats(a.v + (t + 2) * l.vs + std::int64_t{h} * dv + c0, nc);
+      // v's rows of successive tokens are kilobytes apart, beyond the hardware prefetchers.
+      if (i + 2 < n) simd::prefetch_bytes(a.v + (t + 2) * l.vs + std::int64_t{h} * dv + c0, nc * 4);
       float const* qn = nb.q_row(kh, i);
       float const* kn = nb.k_row(kh, i);
       float const decay = std::exp(a.g[t * a.n_head_v + h]);

@@ -44,15 +44,20 @@ namespace qflash::kernels::cpu {
 /// The vector width a row kernel runs: AVX2 (8 fp32 lanes) or AVX-512 (16).
 enum class Simd { kAvx2, kAvx512 };
 
-/// Micro-tile of the float formats: rows x tokens sharing each load (AVX2: 12 of 16 ymm
-/// registers accumulate; AVX-512: 16 of 32 zmm); one token goes through kOneTokenRows rows at
-/// once. Rows are handed to the tiles kGroupRows at a time.
+/// Micro-tile: rows x tokens sharing each load (the 8-bit formats' AVX2 row kernels: 12 of 16
+/// ymm registers accumulate; the float formats: kFloatTileTokens tokens, AVX2 8 accumulators
+/// reduced together, AVX-512 16 of 32 zmm); one token goes through kOneTokenRows rows at once.
+/// Rows are handed to the tiles kGroupRows at a time.
 inline constexpr int kTileRows = 4;
 inline constexpr int kTileTokens = 3;
 inline constexpr int kOneTokenRows = 8;
 inline constexpr int kGroupRows = 8;
 template <Simd V>
-inline constexpr int kFloatTileTokens = V == Simd::kAvx512 ? 4 : kTileTokens;
+inline constexpr int kFloatTileTokens = V == Simd::kAvx512 ? 4 : 2;
+/// bf16 / f16 rows are widened to fp32 once per call for more tokens than this (each tile
+/// converts its loads otherwise).
+template <Simd V>
+inline constexpr int kWidenAboveTokens = V == Simd::kAvx512 ? 4 : 3;
 /// Activations of one token block are kept within this many bytes (an L2's share).
 inline constexpr std::int64_t kTokenBlockBytes = 256 << 10;
 
@@ -94,10 +99,12 @@ constexpr bool compiles(WeightFormat f) {
   return F == WeightFormat::kAny || F == f;
 }
 
+/// y[t, o] = v, += v (accumulate) or += y_scale[t] v as one FMA (what the vector stores do,
+/// so that a row's result does not depend on which tile stored it).
 inline void store_dot(LinearRows const& p, std::int64_t t, std::int64_t o, float v) {
   float& out = p.y[(p.y_index ? p.y_index[t] : t) * p.ys + o];
   if (p.y_scale)
-    out += p.y_scale[t] * v;
+    out = std::fma(p.y_scale[t], v, out);
   else
     out = p.accumulate ? out + v : v;
 }
@@ -195,16 +202,37 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(Fp16 const* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<__m128i const*>(p)));
 }
 
+/// store_dot for rows [o, o + 8) (or 4) of token t.
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void store_dots_avx2(LinearRows const& p, std::int64_t t, std::int64_t o, __m256 d) {
+  float* out = p.y + (p.y_index ? p.y_index[t] : t) * p.ys + o;
+  if (p.y_scale)
+    _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_set1_ps(p.y_scale[t]), d, _mm256_loadu_ps(out)));
+  else
+    _mm256_storeu_ps(out, p.accumulate ? _mm256_add_ps(_mm256_loadu_ps(out), d) : d);
+}
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void store_dots_avx2(LinearRows const& p, std::int64_t t, std::int64_t o, __m128 d) {
+  float* out = p.y + (p.y_index ? p.y_index[t] : t) * p.ys + o;
+  if (p.y_scale)
+    _mm_storeu_ps(out, _mm_fmadd_ps(_mm_set1_ps(p.y_scale[t]), d, _mm_loadu_ps(out)));
+  else
+    _mm_storeu_ps(out, p.accumulate ? _mm_add_ps(_mm_loadu_ps(out), d) : d);
+}
+
+/// Keeps v in a register: a vector used by several FMAs is loaded once, not folded into each
+/// as a memory operand (which GCC does, and which makes the tiles load-bound).
+QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void in_register(__m256& v) { __asm__("" : "+x"(v)); }
+
 /// y[t0 + t, o + r step] for r < R, t < NT, with weight row o + r step at w + r step cols:
 /// one pass over the columns, each weight vector multiplied into NT tokens and each activation
 /// vector into R rows. Every (row, token) sum is one FMA chain over the columns in order,
 /// whatever R and NT (the column tail too: std::fma, not left to the compiler's contraction,
 /// which differs between instantiations), so a token's result does not depend on the tokens
 /// beside it. One token goes through kOneTokenRows rows per pass (that many chains in flight),
-/// with the next rows prefetched when they are adjacent (step 1).
-template <class W, int R, int NT>
+/// with the next rows prefetched when they are adjacent (step 1). kWiden: the rows are also
+/// stored widened to fp32 at `widened` (row stride cols), for the tiles of the next tokens.
+template <class W, int R, int NT, bool kWiden = false>
 QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0,
-                                        std::int64_t step = 1) {
+                                        std::int64_t step = 1, float* widened = nullptr) {
   std::int64_t const n = p.w.cols;
   std::int64_t const n8 = n / 8 * 8;
   float const* x[NT];
@@ -217,38 +245,62 @@ QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::in
   for (std::int64_t i = 0; i < n8; i += 8) {
     __m256 xv[NT];
 #pragma GCC unroll 3
-    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x[t] + i);
+    for (int t = 0; t < NT; ++t) {
+      xv[t] = _mm256_loadu_ps(x[t] + i);
+      if constexpr (R > 1) in_register(xv[t]);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if constexpr (NT == 1)
         if (step == 1 && ((i * static_cast<std::int64_t>(sizeof(W))) & 63) == 0)
           _mm_prefetch(reinterpret_cast<char const*>(w + (R + r) * n + i), _MM_HINT_T0);
-      __m256 const wv = avx2_load_weights(w + r * step * n + i);
+      __m256 wv = avx2_load_weights(w + r * step * n + i);
+      if constexpr (NT > 1) in_register(wv);
+      if constexpr (kWiden) _mm256_storeu_ps(widened + r * n + i, wv);
 #pragma GCC unroll 3
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
     }
   }
+  if constexpr (kWiden)
+    for (int r = 0; r < R; ++r)
+      for (std::int64_t i = n8; i < n; ++i) widened[r * n + i] = widen(w[r * n + i]);
+  float sums[R][NT];
+  if constexpr (R * NT == 8) {  // all 8 reduced at once, each as avx2_reduce_add would
+    __m256 v[8];
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < R; ++r) v[t * R + r] = acc[r][t];
+    __m256 const reduced = simd::avx2_reduce_add8(v);
+    if (n8 == n && step == 1) {  // no column tail: each token's R sums stored as a vector
+      if constexpr (NT == 1) {
+        store_dots_avx2(p, t0, o, reduced);
+      } else {
+        store_dots_avx2(p, t0, o, _mm256_castps256_ps128(reduced));
+        store_dots_avx2(p, t0 + 1, o, _mm256_extractf128_ps(reduced, 1));
+      }
+      return;
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, reduced);
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < R; ++r) sums[r][t] = lanes[t * R + r];
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t) sums[r][t] = simd::avx2_reduce_add(acc[r][t]);
+  }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) {
-      float s = simd::avx2_reduce_add(acc[r][t]);
+      float s = sums[r][t];
       for (std::int64_t i = n8; i < n; ++i) s = std::fma(x[t][i], widen(w[r * step * n + i]), s);
       store_dot(p, t0 + t, o + r * step, s);
     }
 }
 
-template <class W, int R>
-QFLASH_TARGET_AVX2 void float_tile_avx2(LinearRows const& p, W const* w, std::int64_t o, std::int64_t t0, int nt) {
-  switch (nt) {
-    case 1: return float_tile_avx2<W, R, 1>(p, w, o, t0);
-    case 2: return float_tile_avx2<W, R, 2>(p, w, o, t0);
-    default: return float_tile_avx2<W, R, kTileTokens>(p, w, o, t0);
-  }
-}
-
-/// Tokens [b0, b1) through rows [o, o + nr) whose weights are at w (row stride cols).
+/// Tokens [b0, b1) through rows [o, o + nr) whose weights are at w (row stride cols). With
+/// `widened` (bf16 / f16 rows, several tokens), the first two tokens' tiles widen the rows into
+/// it as they go, and the other tokens' read them there.
 template <class W>
 QFLASH_TARGET_AVX2 void float_group_avx2(LinearRows const& p, W const* w, std::int64_t o, int nr, std::int64_t b0,
-                                         std::int64_t b1) {
+                                         std::int64_t b1, float* widened = nullptr) {
   std::int64_t const n = p.w.cols;
   if (b1 - b0 == 1) {
     int r = 0;
@@ -263,25 +315,26 @@ QFLASH_TARGET_AVX2 void float_group_avx2(LinearRows const& p, W const* w, std::i
     for (; r < nr; ++r) float_tile_avx2<W, 1, 1>(p, w + r * n, o + r, b0);
     return;
   }
-  for (std::int64_t t = b0; t < b1; t += kTileTokens) {
-    int const nt = static_cast<int>(std::min<std::int64_t>(kTileTokens, b1 - t));
-    for (int r = 0; r < nr; r += kTileRows) {
-      switch (std::min(kTileRows, nr - r)) {
-        case 1: float_tile_avx2<W, 1>(p, w + r * n, o + r, t, nt); break;
-        case 2: float_tile_avx2<W, 2>(p, w + r * n, o + r, t, nt); break;
-        case 3: float_tile_avx2<W, 3>(p, w + r * n, o + r, t, nt); break;
-        default: float_tile_avx2<W, kTileRows>(p, w + r * n, o + r, t, nt); break;
-      }
+  std::int64_t t = b0;
+  if constexpr (!std::is_same_v<W, float>)
+    if (widened) {
+      int r = 0;
+      for (; r + kTileRows <= nr; r += kTileRows)
+        float_tile_avx2<W, kTileRows, 2, true>(p, w + r * n, o + r, t, 1, widened + r * n);
+      for (; r < nr; ++r) float_tile_avx2<W, 1, 2, true>(p, w + r * n, o + r, t, 1, widened + r * n);
+      if (t + 2 < b1) float_group_avx2<float>(p, widened, o, nr, t + 2, b1);
+      return;
     }
+  for (; t + 2 <= b1; t += 2) {
+    int r = 0;
+    for (; r + kTileRows <= nr; r += kTileRows) float_tile_avx2<W, kTileRows, 2>(p, w + r * n, o + r, t);
+    for (; r < nr; ++r) float_tile_avx2<W, 1, 2>(p, w + r * n, o + r, t);
   }
-}
-
-/// count weights at w widened to fp32 at out.
-template <class W>
-QFLASH_TARGET_AVX2 void widen_avx2(W const* w, std::int64_t count, float* out) {
-  std::int64_t const count8 = count / 8 * 8;
-  for (std::int64_t i = 0; i < count8; i += 8) _mm256_storeu_ps(out + i, avx2_load_weights(w + i));
-  for (std::int64_t i = count8; i < count; ++i) out[i] = widen(w[i]);
+  if (t < b1) {
+    int r = 0;
+    for (; r + kOneTokenRows <= nr; r += kOneTokenRows) float_tile_avx2<W, kOneTokenRows, 1>(p, w + r * n, o + r, t);
+    for (; r < nr; ++r) float_tile_avx2<W, 1, 1>(p, w + r * n, o + r, t);
+  }
 }
 
 // ---- AVX-512 float tiles ------------------------------------------------------------------
@@ -544,10 +597,9 @@ void float_group(LinearRows const& p, W const* w, std::int64_t o, int nr, std::i
 /// are widened to fp32 once per token block, so the tiles' inner loop only multiplies.
 template <Simd V, class W>
 void float_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
-  constexpr int kTokens = kFloatTileTokens<V>;
   std::int64_t const n = p.w.cols;
-  std::int64_t const tb = token_block(n * 4, p.n_tokens, kTokens);
-  bool const widen_rows = !std::is_same_v<W, float> && p.n_tokens > kTokens;
+  std::int64_t const tb = token_block(n * 4, p.n_tokens, kFloatTileTokens<V>);
+  bool const widen_rows = !std::is_same_v<W, float> && p.n_tokens > kWidenAboveTokens<V>;
   float* const widened = widen_rows ? p.scratch->get(static_cast<std::size_t>(kGroupRows * n)) : nullptr;
   for (std::int64_t b0 = 0; b0 < p.n_tokens; b0 += tb) {
     std::int64_t const b1 = std::min(p.n_tokens, b0 + tb);
@@ -558,15 +610,20 @@ void float_rows(LinearRows const& p, std::int64_t o0, std::int64_t o1) {
     for (std::int64_t o = o0; o < o1; o += kGroupRows) {
       int const nr = static_cast<int>(std::min<std::int64_t>(kGroupRows, o1 - o));
       W const* w = static_cast<W const*>(p.w.data) + o * n;
+      // The next group's rows come while this one's tiles run: from the L2 or L3 (a model
+      // whose weights fit there), a group's first reads otherwise wait for each line.
+      if (o + kGroupRows < o1)
+        simd::prefetch_bytes(w + kGroupRows * n, std::min<std::int64_t>(kGroupRows, o1 - o - kGroupRows) * n * std::int64_t{sizeof(W)});
       if (!widen_rows) {
         float_group<V, W>(p, w, o, nr, b0, b1);
         continue;
       }
-      if constexpr (V == Simd::kAvx512)
+      if constexpr (V == Simd::kAvx512) {
         widen_avx512(w, nr * n, widened);
-      else
-        widen_avx2(w, nr * n, widened);
-      float_group<V, float>(p, widened, o, nr, b0, b1);
+        float_group_avx512<float>(p, widened, o, nr, b0, b1);
+      } else {
+        float_group_avx2<W>(p, w, o, nr, b0, b1, widened);
+      }
     }
   }
 }
@@ -630,7 +687,7 @@ inline void linear_rows_decoded(arch::CpuIsa isa, LinearRows const& p, std::int6
   if (isa >= arch::CpuIsa::kAvx2) {
     bool const avx512 = isa >= arch::CpuIsa::kAvx512;
     float* const decoded = p.scratch->get(static_cast<std::size_t>(kGroupRows * n));
-    std::int64_t const tb = token_block(n * 4, p.n_tokens, avx512 ? kFloatTileTokens<Simd::kAvx512> : kTileTokens);
+    std::int64_t const tb = token_block(n * 4, p.n_tokens, avx512 ? kFloatTileTokens<Simd::kAvx512> : kFloatTileTokens<Simd::kAvx2>);
     std::int64_t const ahead = kGroupRows * p.w.row_bytes();
     for (std::int64_t o = o0; o < o1; o += kGroupRows) {
       int const nr = static_cast<int>(std::min<std::int64_t>(kGroupRows, o1 - o));

@@ -187,7 +187,10 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void score_block_avx2(float const* q, floa
     __m256 const qi = _mm256_loadu_ps(q + i);
     for (int r = 0; r < K; ++r) acc[r] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k + r * d + i), acc[r]);
   }
-  for (int r = 0; r < K; ++r) p[r] = simd::avx2_reduce_add(acc[r]) * scale;
+  if constexpr (K == 8)
+    _mm256_storeu_ps(p, _mm256_mul_ps(simd::avx2_reduce_add8(acc), _mm256_set1_ps(scale)));
+  else
+    for (int r = 0; r < K; ++r) p[r] = simd::avx2_reduce_add(acc[r]) * scale;
 }
 
 /// Scores of n rows (stride d) against q, times scale, into p.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -34,9 +35,20 @@ inline std::size_t scratch_floats(int d_conv) {
   return static_cast<std::size_t>(2 * d_conv) * kConvChannels;
 }
 
+/// c + a b: one fused multiply-add in the instances whose target has FMA (kFma), so that every
+/// path (rows, one token, vectorised or not) rounds the same; the compiler's own contraction of
+/// `acc += a * b` may fuse either product of a sum.
+template <bool kFma>
+QFLASH_FORCEINLINE float madd(float a, float b, float c) {
+  if constexpr (kFma)
+    return std::fma(a, b, c);
+  else
+    return c + a * b;
+}
+
 /// One output row segment: dst[c] = act(sum_j w[j][c] * src[j][c]), all K taps in one pass so
 /// the sum stays in registers. K is a compile-time constant (the model's d_conv is 4).
-template <int K>
+template <int K, bool kFma>
 QFLASH_FORCEINLINE void conv_row_fixed(float const* const* src, float const* wt, int nc, bool silu,
                                        float* dst) {
   float const* s[K];
@@ -44,24 +56,25 @@ QFLASH_FORCEINLINE void conv_row_fixed(float const* const* src, float const* wt,
   if (silu) {
     for (int c = 0; c < nc; ++c) {
       float acc = wt[c] * s[0][c];
-      for (int j = 1; j < K; ++j) acc += wt[j * kConvChannels + c] * s[j][c];
+      for (int j = 1; j < K; ++j) acc = madd<kFma>(wt[j * kConvChannels + c], s[j][c], acc);
       dst[c] = gdn::silu_f32(acc);
     }
   } else {
     for (int c = 0; c < nc; ++c) {
       float acc = wt[c] * s[0][c];
-      for (int j = 1; j < K; ++j) acc += wt[j * kConvChannels + c] * s[j][c];
+      for (int j = 1; j < K; ++j) acc = madd<kFma>(wt[j * kConvChannels + c], s[j][c], acc);
       dst[c] = acc;
     }
   }
 }
 
 /// The same for any K, accumulating in `acc` [nc].
+template <bool kFma>
 QFLASH_FORCEINLINE void conv_row_any(float const* const* src, float const* wt, int k, int nc,
                                      bool silu, float* acc, float* dst) {
   for (int c = 0; c < nc; ++c) acc[c] = wt[c] * src[0][c];
   for (int j = 1; j < k; ++j)
-    for (int c = 0; c < nc; ++c) acc[c] += wt[j * kConvChannels + c] * src[j][c];
+    for (int c = 0; c < nc; ++c) acc[c] = madd<kFma>(wt[j * kConvChannels + c], src[j][c], acc[c]);
   for (int c = 0; c < nc; ++c) dst[c] = silu ? gdn::silu_f32(acc[c]) : acc[c];
 }
 
@@ -71,7 +84,7 @@ inline constexpr int kMaxFixedConv = 8;
 /// One token (decode), channels [c0, c0 + nc): the weight [c][K] and state [c][K-1] read where
 /// they are, without an item's transposed copies, which cost more than the products here. Each
 /// channel's products and sums are conv_row_fixed's, in its order.
-template <int K>
+template <int K, bool kFma>
 QFLASH_FORCEINLINE void conv_one_token_fixed(CausalConv1dArgs const& a, std::int64_t c0, int nc) {
   float const* const w = a.weight + c0 * K;
   float const* const st = K > 1 ? a.state + c0 * (K - 1) : nullptr;
@@ -80,25 +93,26 @@ QFLASH_FORCEINLINE void conv_one_token_fixed(CausalConv1dArgs const& a, std::int
   auto const tap = [&](int c, int j) { return j < K - 1 ? st[c * (K - 1) + j] : x[c]; };
   for (int c = 0; c < nc; ++c) {
     float acc = w[c * K] * tap(c, 0);
-    for (int j = 1; j < K; ++j) acc += w[c * K + j] * tap(c, j);
+    for (int j = 1; j < K; ++j) acc = madd<kFma>(w[c * K + j], tap(c, j), acc);
     y[c] = a.apply_silu ? gdn::silu_f32(acc) : acc;
   }
 }
 
 /// y for tokens [t0, t0 + nt) and channels [c0, c0 + nc). Reads the state, does not write it.
+template <bool kFma>
 QFLASH_FORCEINLINE void conv_item(CausalConv1dArgs const& a, std::int64_t t0, std::int64_t nt,
                                   std::int64_t c0, int nc, float* scratch) {
   int const k = a.d_conv;
   if (a.n_tokens == 1) {
     switch (k) {
-      case 1: return conv_one_token_fixed<1>(a, c0, nc);
-      case 2: return conv_one_token_fixed<2>(a, c0, nc);
-      case 3: return conv_one_token_fixed<3>(a, c0, nc);
-      case 4: return conv_one_token_fixed<4>(a, c0, nc);
-      case 5: return conv_one_token_fixed<5>(a, c0, nc);
-      case 6: return conv_one_token_fixed<6>(a, c0, nc);
-      case 7: return conv_one_token_fixed<7>(a, c0, nc);
-      case 8: return conv_one_token_fixed<8>(a, c0, nc);
+      case 1: return conv_one_token_fixed<1, kFma>(a, c0, nc);
+      case 2: return conv_one_token_fixed<2, kFma>(a, c0, nc);
+      case 3: return conv_one_token_fixed<3, kFma>(a, c0, nc);
+      case 4: return conv_one_token_fixed<4, kFma>(a, c0, nc);
+      case 5: return conv_one_token_fixed<5, kFma>(a, c0, nc);
+      case 6: return conv_one_token_fixed<6, kFma>(a, c0, nc);
+      case 7: return conv_one_token_fixed<7, kFma>(a, c0, nc);
+      case 8: return conv_one_token_fixed<8, kFma>(a, c0, nc);
       default: break;
     }
   }
@@ -122,15 +136,15 @@ QFLASH_FORCEINLINE void conv_item(CausalConv1dArgs const& a, std::int64_t t0, st
     }
     float* dst = a.y + t * n_ch + c0;
     switch (k) {
-      case 1: conv_row_fixed<1>(src, wt, nc, a.apply_silu, dst); break;
-      case 2: conv_row_fixed<2>(src, wt, nc, a.apply_silu, dst); break;
-      case 3: conv_row_fixed<3>(src, wt, nc, a.apply_silu, dst); break;
-      case 4: conv_row_fixed<4>(src, wt, nc, a.apply_silu, dst); break;
-      case 5: conv_row_fixed<5>(src, wt, nc, a.apply_silu, dst); break;
-      case 6: conv_row_fixed<6>(src, wt, nc, a.apply_silu, dst); break;
-      case 7: conv_row_fixed<7>(src, wt, nc, a.apply_silu, dst); break;
-      case 8: conv_row_fixed<8>(src, wt, nc, a.apply_silu, dst); break;
-      default: conv_row_any(src, wt, k, nc, a.apply_silu, acc, dst); break;
+      case 1: conv_row_fixed<1, kFma>(src, wt, nc, a.apply_silu, dst); break;
+      case 2: conv_row_fixed<2, kFma>(src, wt, nc, a.apply_silu, dst); break;
+      case 3: conv_row_fixed<3, kFma>(src, wt, nc, a.apply_silu, dst); break;
+      case 4: conv_row_fixed<4, kFma>(src, wt, nc, a.apply_silu, dst); break;
+      case 5: conv_row_fixed<5, kFma>(src, wt, nc, a.apply_silu, dst); break;
+      case 6: conv_row_fixed<6, kFma>(src, wt, nc, a.apply_silu, dst); break;
+      case 7: conv_row_fixed<7, kFma>(src, wt, nc, a.apply_silu, dst); break;
+      case 8: conv_row_fixed<8, kFma>(src, wt, nc, a.apply_silu, dst); break;
+      default: conv_row_any<kFma>(src, wt, k, nc, a.apply_silu, acc, dst); break;
     }
   }
 }
@@ -139,18 +153,18 @@ QFLASH_FORCEINLINE void conv_item(CausalConv1dArgs const& a, std::int64_t t0, st
 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))) inline void
 conv_item_avx512(CausalConv1dArgs const& a, std::int64_t t0, std::int64_t nt, std::int64_t c0,
                  int nc, float* scratch) {
-  conv_item(a, t0, nt, c0, nc, scratch);
+  conv_item<true>(a, t0, nt, c0, nc, scratch);
 }
 __attribute__((target("avx2,fma,f16c"))) inline void conv_item_avx2(CausalConv1dArgs const& a,
                                                                     std::int64_t t0, std::int64_t nt,
                                                                     std::int64_t c0, int nc,
                                                                     float* scratch) {
-  conv_item(a, t0, nt, c0, nc, scratch);
+  conv_item<true>(a, t0, nt, c0, nc, scratch);
 }
 #endif
 inline void conv_item_baseline(CausalConv1dArgs const& a, std::int64_t t0, std::int64_t nt,
                                std::int64_t c0, int nc, float* scratch) {
-  conv_item(a, t0, nt, c0, nc, scratch);
+  conv_item<false>(a, t0, nt, c0, nc, scratch);
 }
 
 /// The work item compiled for ISA level `isa`.

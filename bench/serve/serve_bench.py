@@ -183,8 +183,12 @@ async def run_load(args, concurrency, make, n, max_seconds):
     return results, time.perf_counter() - t0
 
 
+# The requests' sampling fields (--temperature, --top-p); greedy by default.
+SAMPLING = {"temperature": 0}
+
+
 def body(model, prompt, max_tokens, tag="", salt=None):
-    b = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+    b = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **SAMPLING,
          "ignore_eos": True, "_tag": tag}
     if salt:
         b["cache_salt"] = salt
@@ -406,9 +410,15 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=300, help="cap per run")
     ap.add_argument("--request-timeout", type=float, default=600)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0,
+                    help="the requests' temperature (default 0: greedy)")
+    ap.add_argument("--top-p", type=float, help="the requests' top_p (default: the server's)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--plot", help="write a PNG of the sweep here")
     args = ap.parse_args()
+    SAMPLING["temperature"] = args.temperature
+    if args.top_p is not None:
+        SAMPLING["top_p"] = args.top_p
     if bool(args.url) == bool(args.qflash):
         ap.error("give exactly one of --url and --qflash")
     host = urllib.parse.urlsplit(args.url).hostname if args.url else "127.0.0.1"

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "qflash/core/log.hpp"
+#include "qflash/core/parallel.hpp"
 #include "qflash/io/tokenizer.hpp"
 #include "qflash/kv/block_pool.hpp"
 #include "qflash/kv/prefix_cache.hpp"
@@ -469,13 +470,16 @@ class BatchEngine final : public Engine {
         metrics_.step_tokens.add(static_cast<double>(prefill + decode));
       }
       auto const vocab = static_cast<std::size_t>(cfg_->vocab);
+      draws_.clear();
       for (std::size_t i = 0; i < batch_.size(); ++i) {
         Sequence& s = *batch_[i].seq;
         s.computed += batch_[i].n;
         cache_blocks(s);
         if (s.computed == static_cast<std::int64_t>(s.tokens.size()))
-          next_token(s, std::span<float const>(logits_).subspan(i * vocab, vocab));
+          add_draws(s, std::span<float const>(logits_).subspan(i * vocab, vocab));
       }
+      pick_tokens();
+      for (Draw& d : draws_) emit_token(*d.seq, d);
       std::lock_guard lock(metrics_mutex_);
       metrics_.step_seconds.add(std::chrono::duration<double>(Clock::now() - t0).count());
     }
@@ -671,15 +675,64 @@ class BatchEngine final : public Engine {
 
   // ---- sampling and streaming -------------------------------------------------------------
 
-  void next_token(Sequence& s, std::span<float const> logits) {
+  /// A next token to draw for s from `logits` (computed in pick_tokens, sent in emit_token).
+  struct Draw {
+    Sequence* seq;
+    std::span<float const> logits;
+    std::int32_t token = -1;
+    std::optional<TokenLogprob> logprob;
+  };
+
+  /// Scratch of one pick_tokens slot.
+  struct DrawScratch {
+    std::vector<float> work, logprobs;
+    std::vector<std::int32_t> order;
+    std::vector<int> counts;
+  };
+
+  /// Queues s's next token; after a prompt's first token, forks its other choices, which share
+  /// these logits. A sequence gets one draw a step (a fork may also have computed its prompt).
+  void add_draws(Sequence& s, std::span<float const> logits) {
     Request& r = *s.req;
     if (s.choice == 0 && !r.forked && s.tokens.size() == static_cast<std::size_t>(s.n_prompt)) fork_choices(r);
-    sample_and_stream(s, logits);
-    // The forks share this prompt's logits.
-    if (s.choice == 0 && r.forked && s.generated == 1)
+    auto const add = [&](Sequence& q) {
+      if (std::none_of(draws_.begin(), draws_.end(), [&](Draw const& d) { return d.seq == &q; }))
+        draws_.push_back(Draw{&q, logits, -1, std::nullopt});
+    };
+    add(s);
+    if (s.choice == 0 && r.forked && s.generated == 0)
       for (auto& c : r.choices)
-        if (c->choice > 0 && c->generated == 0 && c->state && c->computed == c->n_prompt)
-          sample_and_stream(*c, logits);
+        if (c->choice > 0 && c->generated == 0 && c->state && c->computed == c->n_prompt) add(*c);
+  }
+
+  /// Every draw's token (and log-probabilities), over the threads: each sequence has its own
+  /// sampler, and each slot its scratch (the penalties and log-probabilities of a vocabulary).
+  void pick_tokens() {
+    draw_scratch_.resize(static_cast<std::size_t>(max_threads()));
+    parallel_for(0, static_cast<std::int64_t>(draws_.size()), cfg_->vocab, [&](std::int64_t i) {
+      pick_token(draws_[static_cast<std::size_t>(i)], draw_scratch_[static_cast<std::size_t>(parallel_slot())]);
+    });
+  }
+
+  void pick_token(Draw& d, DrawScratch& sc) const {
+    Sequence& s = *d.seq;
+    GenerationRequest const& p = s.req->params;
+    sc.work.assign(d.logits.begin(), d.logits.end());
+    for (std::int32_t id : untokenizable_) sc.work[static_cast<std::size_t>(id)] = -INFINITY;
+    if (p.top_logprobs >= 0) d.logprob = logprobs(sc, p.top_logprobs);
+    if (p.frequency_penalty != 0 || p.presence_penalty != 0) {
+      sc.counts.assign(sc.work.size(), 0);
+      for (std::size_t i = static_cast<std::size_t>(s.n_prompt); i < s.tokens.size(); ++i)
+        ++sc.counts[static_cast<std::size_t>(s.tokens[i])];
+      for (std::size_t t = 0; t < sc.work.size(); ++t)
+        if (sc.counts[t] > 0)
+          sc.work[t] -= p.frequency_penalty * static_cast<float>(sc.counts[t]) + p.presence_penalty;
+    }
+    d.token = s.sampler->sample(sc.work, s.tokens);
+    if (d.logprob) {
+      d.logprob->token = d.token;
+      d.logprob->logprob = sc.logprobs[static_cast<std::size_t>(d.token)];
+    }
   }
 
   /// Choices 1..n-1 of r from choice 0's state after the prompt; those that cannot fork now
@@ -707,27 +760,13 @@ class BatchEngine final : public Engine {
     }
   }
 
-  void sample_and_stream(Sequence& s, std::span<float const> logits) {
+  /// Sends d's token: metrics, the end of the choice (EOS, a stop, the length), or its text.
+  void emit_token(Sequence& s, Draw& d) {
     Request& r = *s.req;
     GenerationRequest const& p = r.params;
-    work_.assign(logits.begin(), logits.end());
-    for (std::int32_t id : untokenizable_) work_[static_cast<std::size_t>(id)] = -INFINITY;
-    std::optional<TokenLogprob> lp;
-    if (p.top_logprobs >= 0) lp = logprobs(work_, p.top_logprobs);
-    if (p.frequency_penalty != 0 || p.presence_penalty != 0) {
-      counts_.assign(work_.size(), 0);
-      for (std::size_t i = static_cast<std::size_t>(s.n_prompt); i < s.tokens.size(); ++i)
-        ++counts_[static_cast<std::size_t>(s.tokens[i])];
-      for (std::size_t t = 0; t < work_.size(); ++t)
-        if (counts_[t] > 0)
-          work_[t] -= p.frequency_penalty * static_cast<float>(counts_[t]) + p.presence_penalty;
-    }
-    std::int32_t const next = s.sampler->sample(work_, s.tokens);
+    std::int32_t const next = d.token;
+    std::optional<TokenLogprob>& lp = d.logprob;
     auto const now = Clock::now();
-    if (lp) {
-      lp->token = next;
-      lp->logprob = logprob_of(work_logprobs_, next);
-    }
     {
       std::lock_guard lock(metrics_mutex_);
       ++metrics_.generation_tokens;
@@ -774,30 +813,32 @@ class BatchEngine final : public Engine {
     r.stream->push(std::move(ev));
   }
 
-  /// The chosen token's and the top k tokens' log-probabilities from `logits` (as the model
-  /// gives them, before penalties and temperature); keeps the normalised values for logprob_of.
-  TokenLogprob logprobs(std::vector<float> const& logits, int k) {
+  /// The top k tokens' log-probabilities from sc.work (the logits as the model gives them,
+  /// before penalties and temperature); keeps every token's in sc.logprobs.
+  static TokenLogprob logprobs(DrawScratch& sc, int k) {
+    std::vector<float> const& logits = sc.work;
     float const mx = *std::max_element(logits.begin(), logits.end());
     double sum = 0;
     for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
     float const lse = mx + static_cast<float>(std::log(sum));
-    work_logprobs_.resize(logits.size());
-    for (std::size_t i = 0; i < logits.size(); ++i) work_logprobs_[i] = logits[i] - lse;
+    std::vector<float>& lp = sc.logprobs;
+    lp.resize(logits.size());
+    for (std::size_t i = 0; i < logits.size(); ++i) lp[i] = logits[i] - lse;
     TokenLogprob out;
     if (k > 0) {
-      order_.resize(logits.size());
-      for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<std::int32_t>(i);
-      auto const kk = std::min<std::size_t>(static_cast<std::size_t>(k), order_.size());
-      std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(kk), order_.end(),
+      std::vector<std::int32_t>& order = sc.order;
+      order.resize(logits.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
+      auto const kk = std::min<std::size_t>(static_cast<std::size_t>(k), order.size());
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kk), order.end(),
                         [&](std::int32_t a, std::int32_t b) {
-                          return work_logprobs_[static_cast<std::size_t>(a)] > work_logprobs_[static_cast<std::size_t>(b)] ||
-                                 (work_logprobs_[static_cast<std::size_t>(a)] == work_logprobs_[static_cast<std::size_t>(b)] && a < b);
+                          return lp[static_cast<std::size_t>(a)] > lp[static_cast<std::size_t>(b)] ||
+                                 (lp[static_cast<std::size_t>(a)] == lp[static_cast<std::size_t>(b)] && a < b);
                         });
-      for (std::size_t i = 0; i < kk; ++i) out.top.emplace_back(order_[i], work_logprobs_[static_cast<std::size_t>(order_[i])]);
+      for (std::size_t i = 0; i < kk; ++i) out.top.emplace_back(order[i], lp[static_cast<std::size_t>(order[i])]);
     }
     return out;
   }
-  static float logprob_of(std::vector<float> const& lp, std::int32_t token) { return lp[static_cast<std::size_t>(token)]; }
 
   /// Ends choice s with `ev` as its last event (the rest of its text appended).
   void finish(Sequence& s, FinishReason why, ChoiceEvent& ev) {
@@ -935,9 +976,9 @@ class BatchEngine final : public Engine {
   std::vector<Sequence*> running_;
   std::vector<Scheduled> batch_;
   std::vector<model::SequenceChunk> chunks_;
-  std::vector<float> logits_, work_, work_logprobs_;
-  std::vector<std::int32_t> order_;
-  std::vector<int> counts_;
+  std::vector<float> logits_;
+  std::vector<Draw> draws_;
+  std::vector<DrawScratch> draw_scratch_;  ///< by parallel_slot()
   std::ofstream router_log_;
   std::int64_t router_log_bytes_ = 0;
 

@@ -135,10 +135,66 @@ __attribute__((target("avx2,fma,f16c"))) inline void rank1_project_avx2(
   rank1_project_plain(kd, decay, k, delta, q, s, lds, n, o);
 }
 
+/// rows4_gemm on one block of 8 NV columns (NV <= 3: 4 NV accumulators, NV loads of b and 4
+/// broadcasts per d), the last w of them masked unless kFull. Per column the arithmetic of
+/// rows4_gemm_avx512: FMAs over d in order, then alpha times the sum, plus beta c by an FMA.
+template <int NV, bool kFull>
+__attribute__((target("avx2,fma,f16c"))) inline void rows4_block_avx2(int kd, float const* a, std::int64_t lda,
+                                                                      float const* b, std::int64_t ldb, int w,
+                                                                      float* c, std::int64_t ldc, float const* alpha,
+                                                                      std::int64_t alpha_stride, float beta) {
+  __m256i mask[NV];
+  for (int v = 0; v < NV; ++v)
+    mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(std::clamp(w - 8 * v, 0, 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 acc[4][NV];
+  for (int r = 0; r < 4; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int d = 0; d < kd; ++d) {
+    __m256 bv[NV];
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = kFull ? _mm256_loadu_ps(b + d * ldb + 8 * v) : _mm256_maskload_ps(b + d * ldb + 8 * v, mask[v]);
+      __asm__("" : "+x"(bv[v]));  // one load shared by the four rows, not folded into each FMA
+    }
+    for (int r = 0; r < 4; ++r) {
+      __m256 const av = _mm256_broadcast_ss(a + r * lda + d);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    __m256 const va = _mm256_set1_ps(alpha[r * alpha_stride]), vb = _mm256_set1_ps(beta);
+    float* cr = c + r * ldc;
+    for (int v = 0; v < NV; ++v) {
+      __m256 x = _mm256_mul_ps(acc[r][v], va);
+      if (beta != 0.0f)
+        x = _mm256_fmadd_ps(kFull ? _mm256_loadu_ps(cr + 8 * v) : _mm256_maskload_ps(cr + 8 * v, mask[v]), vb, x);
+      if (kFull)
+        _mm256_storeu_ps(cr + 8 * v, x);
+      else
+        _mm256_maskstore_ps(cr + 8 * v, mask[v], x);
+    }
+  }
+}
+
 __attribute__((target("avx2,fma,f16c"))) inline void rows4_gemm_avx2(
     int kd, float const* a, std::int64_t lda, float const* b, std::int64_t ldb, int n, float* c,
     std::int64_t ldc, float const* alpha, std::int64_t alpha_stride, float beta) {
-  rows4_gemm_plain(kd, a, lda, b, ldb, n, c, ldc, alpha, alpha_stride, beta);
+  for (int c0 = 0; c0 < n; c0 += 24) {
+    int const w = std::min(24, n - c0);
+    float const* const bb = b + c0;
+    float* const cc = c + c0;
+    if (w == 24)
+      rows4_block_avx2<3, true>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
+    else if (w > 16)
+      rows4_block_avx2<3, false>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
+    else if (w == 16)
+      rows4_block_avx2<2, true>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
+    else if (w > 8)
+      rows4_block_avx2<2, false>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
+    else if (w == 8)
+      rows4_block_avx2<1, true>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
+    else
+      rows4_block_avx2<1, false>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
+  }
 }
 
 // ---- Row primitives: AVX-512, up to 4 vectors (64 columns) held in registers ----------------

@@ -479,7 +479,7 @@ class BatchEngine final : public Engine {
           add_draws(s, std::span<float const>(logits_).subspan(i * vocab, vocab));
       }
       pick_tokens();
-      for (Draw& d : draws_) emit_token(*d.seq, d);
+      for (Draw& d : draws_) emit_token(d);
       std::lock_guard lock(metrics_mutex_);
       metrics_.step_seconds.add(std::chrono::duration<double>(Clock::now() - t0).count());
     }
@@ -761,7 +761,8 @@ class BatchEngine final : public Engine {
   }
 
   /// Sends d's token: metrics, the end of the choice (EOS, a stop, the length), or its text.
-  void emit_token(Sequence& s, Draw& d) {
+  void emit_token(Draw& d) {
+    Sequence& s = *d.seq;
     Request& r = *s.req;
     GenerationRequest const& p = r.params;
     std::int32_t const next = d.token;

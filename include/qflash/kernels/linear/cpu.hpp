@@ -44,10 +44,11 @@ namespace qflash::kernels::cpu {
 /// The vector width a row kernel runs: AVX2 (8 fp32 lanes) or AVX-512 (16).
 enum class Simd { kAvx2, kAvx512 };
 
-/// Micro-tile: rows x tokens sharing each load (the 8-bit formats' AVX2 row kernels: 12 of 16
-/// ymm registers accumulate; the float formats: kFloatTileTokens tokens, AVX2 8 accumulators
-/// reduced together, AVX-512 16 of 32 zmm); one token goes through kOneTokenRows rows at once.
-/// Rows are handed to the tiles kGroupRows at a time.
+/// Micro-tiles: kTileRows rows x kFloatTileTokens tokens of a float format share each load
+/// (AVX2: 8 accumulators, reduced together; AVX-512: 16 of 32 zmm); one token goes through
+/// kOneTokenRows rows at once. Rows are handed to the tiles kGroupRows at a time, and work items
+/// are multiples of kTileRows. Token blocks (token_block) are multiples of kTileTokens where a
+/// path does not give its own.
 inline constexpr int kTileRows = 4;
 inline constexpr int kTileTokens = 3;
 inline constexpr int kOneTokenRows = 8;

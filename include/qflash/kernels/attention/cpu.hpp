@@ -245,12 +245,6 @@ QFLASH_TARGET_AVX2 inline float exp_sum_avx2(float* p, int n, float max) {
   return sum;
 }
 
-/// Asks for the `bytes` from p to come into cache: the next tile's stored vectors, fetched
-/// while the current one is computed on.
-QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void prefetch_bytes(std::uint8_t const* p, std::int64_t bytes) {
-  for (std::int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<char const*>(p + b), _MM_HINT_T0);
-}
-
 /// Needs d % 8 == 0.
 template <KvScheme Scheme>
 QFLASH_TARGET_AVX2 void attention_group_avx2(AttentionGroup const& g) {
@@ -268,7 +262,8 @@ QFLASH_TARGET_AVX2 void attention_group_avx2(AttentionGroup const& g) {
     for (std::int64_t s = s0; s < s1;) {
       int const n = tile_keys(kv, s, s1);
       float const* k = tile_avx2(kf, kv.key(s, g.kv_head), hl.k_bytes, n, d, tile);
-      if (s + n < g.n_keys) prefetch_bytes(kv.key(s + n, g.kv_head), std::int64_t{tile_keys(kv, s + n, g.n_keys)} * hl.k_bytes);
+      // The next tile of stored vectors comes while this one is computed on.
+      if (s + n < g.n_keys) simd::prefetch_bytes(kv.key(s + n, g.kv_head), std::int64_t{tile_keys(kv, s + n, g.n_keys)} * hl.k_bytes);
       for (int j = 0; j < g.n_q; ++j) score_rows_avx2(g.q + j * d, k, n, d, g.scale, p[j] + (s - s0));
       s += n;
     }
@@ -284,7 +279,7 @@ QFLASH_TARGET_AVX2 void attention_group_avx2(AttentionGroup const& g) {
     for (std::int64_t s = s0; s < s1;) {
       int const n = tile_keys(kv, s, s1);
       float const* v = tile_avx2(vf, kv.value(s, g.kv_head), hl.v_bytes, n, d, tile);
-      if (s + n < g.n_keys) prefetch_bytes(kv.value(s + n, g.kv_head), std::int64_t{tile_keys(kv, s + n, g.n_keys)} * hl.v_bytes);
+      if (s + n < g.n_keys) simd::prefetch_bytes(kv.value(s + n, g.kv_head), std::int64_t{tile_keys(kv, s + n, g.n_keys)} * hl.v_bytes);
       for (int j = 0; j < g.n_q; ++j) accumulate_rows_avx2(p[j] + (s - s0), v, n, d, g.out + j * d);
       s += n;
     }

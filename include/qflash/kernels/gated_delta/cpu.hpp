@@ -491,7 +491,6 @@ class AlignedFloats {
   std::size_t capacity_ = 0;
 };
 
-
 /// Operand addressing of one call.
 struct Layout {
   std::int64_t qs, ks, vs;  // token strides of q, k, v

@@ -92,6 +92,7 @@ struct LinearRows {
   [[nodiscard]] std::int64_t x_of(std::int64_t t) const { return x_index ? x_index[t] : t; }
   [[nodiscard]] float const* x_row(std::int64_t t) const { return x + x_of(t) * xs; }
   [[nodiscard]] std::byte const* xq_row(std::int64_t t) const { return xq + x_of(t) * xq_stride; }
+  [[nodiscard]] float* y_row(std::int64_t t) const { return y + (y_index ? y_index[t] : t) * ys; }
 };
 
 /// True when instance format F (kAny: all) compiles the path of format f.
@@ -103,7 +104,7 @@ constexpr bool compiles(WeightFormat f) {
 /// y[t, o] = v, += v (accumulate) or += y_scale[t] v as one FMA (what the vector stores do,
 /// so that a row's result does not depend on which tile stored it).
 inline void store_dot(LinearRows const& p, std::int64_t t, std::int64_t o, float v) {
-  float& out = p.y[(p.y_index ? p.y_index[t] : t) * p.ys + o];
+  float& out = p.y_row(t)[o];
   if (p.y_scale)
     out = std::fma(p.y_scale[t], v, out);
   else
@@ -114,7 +115,7 @@ inline void store_dot(LinearRows const& p, std::int64_t t, std::int64_t o, float
 QFLASH_SIMD_BEGIN
 /// store_dot for rows [o, o + 16) of token t.
 QFLASH_TARGET_AVX512 inline void store_dots16(LinearRows const& p, std::int64_t t, std::int64_t o, float const* v) {
-  float* out = p.y + (p.y_index ? p.y_index[t] : t) * p.ys + o;
+  float* out = p.y_row(t) + o;
   __m512 const d = _mm512_loadu_ps(v);
   if (p.y_scale)
     _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_set1_ps(p.y_scale[t]), d, _mm512_loadu_ps(out)));
@@ -205,14 +206,14 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 avx2_load_weights(Fp16 const* p) {
 
 /// store_dot for rows [o, o + 8) (or 4) of token t.
 QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void store_dots_avx2(LinearRows const& p, std::int64_t t, std::int64_t o, __m256 d) {
-  float* out = p.y + (p.y_index ? p.y_index[t] : t) * p.ys + o;
+  float* out = p.y_row(t) + o;
   if (p.y_scale)
     _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_set1_ps(p.y_scale[t]), d, _mm256_loadu_ps(out)));
   else
     _mm256_storeu_ps(out, p.accumulate ? _mm256_add_ps(_mm256_loadu_ps(out), d) : d);
 }
 QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE void store_dots_avx2(LinearRows const& p, std::int64_t t, std::int64_t o, __m128 d) {
-  float* out = p.y + (p.y_index ? p.y_index[t] : t) * p.ys + o;
+  float* out = p.y_row(t) + o;
   if (p.y_scale)
     _mm_storeu_ps(out, _mm_fmadd_ps(_mm_set1_ps(p.y_scale[t]), d, _mm_loadu_ps(out)));
   else

@@ -6,7 +6,7 @@
 /// time. Items own disjoint channels and state, so nothing is shared between threads.
 ///
 /// The arithmetic is kernels/causal_conv1d's and kernels/gated_delta's for one token: their own
-/// conv work item and row kernels, so the results are theirs bit for bit.
+/// one-token conv and row kernels, so the results are theirs bit for bit.
 #pragma once
 
 #include <algorithm>
@@ -25,14 +25,13 @@ namespace gdn_decode_detail {
 using gated_delta_detail::kTile;
 using gated_delta_detail::pad16;
 using gated_delta_detail::RowKernels;
-using causal_conv1d_detail::ConvItemFn;
+using causal_conv1d_detail::ConvTokenFn;
 
-/// Channels [c0, c0 + n) of the token: y = silu(conv) from the state through causal_conv1d's
-/// own work item (its arithmetic, bit for bit), then the state moves on by the token.
-inline void conv_channels(ConvItemFn item, CausalConv1dArgs const& a, std::int64_t c0, std::int64_t n, float* scratch) {
+/// Channels [c0, c0 + n) of the token: y = silu(conv) from the state, and the state moved on
+/// by the token, through causal_conv1d's own one-token loop (its arithmetic, bit for bit).
+inline void conv_channels(ConvTokenFn token, CausalConv1dArgs const& a, std::int64_t c0, std::int64_t n, float* scratch) {
   for (std::int64_t b = c0; b < c0 + n; b += causal_conv1d_detail::kConvChannels)
-    item(a, 0, 1, b, static_cast<int>(std::min<std::int64_t>(causal_conv1d_detail::kConvChannels, c0 + n - b)), scratch);
-  causal_conv1d_detail::update_state(a, c0, c0 + n);
+    token(a, b, static_cast<int>(std::min<std::int64_t>(causal_conv1d_detail::kConvChannels, c0 + n - b)), scratch);
 }
 
 /// Scratch floats of one worker: q̂ and k̂ [d_k, padded], u and δ [kTile], the conv item's.
@@ -41,7 +40,7 @@ inline std::size_t scratch_floats(int d_k, int d_conv) {
 }
 
 /// Item (sequence i, q/k head kh).
-inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvItemFn conv_item, int i, int kh,
+inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvTokenFn conv_token, int i, int kh,
                         float* buf) {
   int const dk = a.d_k, dv = a.d_v, hv = a.n_head_v;
   std::int64_t const key_dim = std::int64_t{a.n_head_k} * dk;
@@ -56,10 +55,10 @@ inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvItemFn
   float* const u = kn + pad16(dk);
   float* const delta = u + kTile;
   float* const conv_scratch = delta + kTile;
-  conv_channels(conv_item, c, std::int64_t{kh} * dk, dk, conv_scratch);
-  conv_channels(conv_item, c, key_dim + std::int64_t{kh} * dk, dk, conv_scratch);
+  conv_channels(conv_token, c, std::int64_t{kh} * dk, dk, conv_scratch);
+  conv_channels(conv_token, c, key_dim + std::int64_t{kh} * dk, dk, conv_scratch);
   for (int j = 0; j < group; ++j)
-    conv_channels(conv_item, c, 2 * key_dim + std::int64_t{value_head(j)} * dv, dv, conv_scratch);
+    conv_channels(conv_token, c, 2 * key_dim + std::int64_t{value_head(j)} * dv, dv, conv_scratch);
 
   rk.l2norm_scaled(y + std::int64_t{kh} * dk, dk, a.l2norm_eps, 1.0f / std::sqrt(static_cast<float>(dk)), qn);
   rk.l2norm_scaled(y + key_dim + std::int64_t{kh} * dk, dk, a.l2norm_eps, 1.0f, kn);
@@ -87,11 +86,11 @@ inline Status gdn_decode(arch::CpuIsa isa, GdnDecodeArgs const& a) {
   if (Status s = can_implement_gdn_decode<MoeSpec{}>(a); s != Status::kSuccess) return s;
   if (a.n_seqs == 0) return Status::kSuccess;
   gated_delta_detail::RowKernels const rk = gated_delta_detail::row_kernels(isa);
-  d::ConvItemFn const conv_item = causal_conv1d_detail::conv_item_fn(isa);
+  d::ConvTokenFn const conv_token = causal_conv1d_detail::conv_token_fn(isa);
   std::int64_t const hk = a.n_head_k;
   gated_delta_detail::for_each_item(a.n_seqs * hk, d::scratch_floats(a.d_k, a.d_conv),
                                     [&](std::int64_t item, float* buf) {
-                                      d::decode_item(a, rk, conv_item, static_cast<int>(item / hk),
+                                      d::decode_item(a, rk, conv_token, static_cast<int>(item / hk),
                                                      static_cast<int>(item % hk), buf);
                                     });
   return Status::kSuccess;

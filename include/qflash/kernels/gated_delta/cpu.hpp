@@ -2,7 +2,7 @@
 /// CPU kernels/gated_delta: both forms of op.hpp, threaded with parallel_for.
 ///
 /// Everything reduces to four fp32 row primitives, chosen per ISA at run time (register-blocked
-/// AVX-512 intrinsics; otherwise the same plain-C++ body compiled for AVX2 or the baseline):
+/// AVX-512 or AVX2 intrinsics; otherwise a plain-C++ body compiled for the baseline):
 ///   row_gemv:      c[0:n] = beta * c + alpha * sum_{d<kd} a[d] * B[d, 0:n]
 ///   rows4_gemm:    row_gemv for four rows of a sharing every load of B (the chunked GEMMs)
 ///   rank1_project: S[d, 0:n] = decay * S[d, 0:n] + k[d] * delta[0:n];  o[0:n] = sum_d q[d] * S[d, 0:n]
@@ -123,44 +123,40 @@ inline void rank1_project_baseline(int kd, float decay, float const* k, float co
 }
 
 #if QFLASH_GATED_DELTA_X86
-__attribute__((target("avx2,fma,f16c"))) inline void row_gemv_avx2(int kd, float const* a,
-                                                                   float const* b, std::int64_t ldb,
-                                                                   int n, float* c, float alpha,
-                                                                   float beta) {
-  row_gemv_plain(kd, a, b, ldb, n, c, alpha, beta);
-}
-__attribute__((target("avx2,fma,f16c"))) inline void rank1_project_avx2(
-    int kd, float decay, float const* k, float const* delta, float const* q, float* s,
-    std::int64_t lds, int n, float* o) {
-  rank1_project_plain(kd, decay, k, delta, q, s, lds, n, o);
+// ---- Row primitives: AVX2, the accumulators in registers -------------------------------------
+
+/// Lanes [0, w - 8 v) of vector v of a block, as a maskload / maskstore mask.
+__attribute__((target("avx2,fma,f16c"))) inline __m256i avx2_mask(int w, int v) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(std::clamp(w - 8 * v, 0, 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/// rows4_gemm on one block of 8 NV columns (NV <= 3: 4 NV accumulators, NV loads of b and 4
-/// broadcasts per d), the last w of them masked unless kFull. Per column the arithmetic of
-/// rows4_gemm_avx512: FMAs over d in order, then alpha times the sum, plus beta c by an FMA.
-template <int NV, bool kFull>
-__attribute__((target("avx2,fma,f16c"))) inline void rows4_block_avx2(int kd, float const* a, std::int64_t lda,
-                                                                      float const* b, std::int64_t ldb, int w,
-                                                                      float* c, std::int64_t ldc, float const* alpha,
-                                                                      std::int64_t alpha_stride, float beta) {
+/// rows4_gemm's product for R rows of a on one block of 8 NV columns, the last w of them masked
+/// unless kFull. Per column: FMAs over d in order, then alpha times the sum, plus beta c by an
+/// FMA (the arithmetic of rows4_gemm_avx512). With several rows each load of b is shared by
+/// all of them; with one it is an FMA operand.
+template <int R, int NV, bool kFull>
+__attribute__((target("avx2,fma,f16c"))) inline void rows_block_avx2(int kd, float const* a, std::int64_t lda,
+                                                                     float const* b, std::int64_t ldb, int w,
+                                                                     float* c, std::int64_t ldc, float const* alpha,
+                                                                     std::int64_t alpha_stride, float beta) {
+  static_assert(R * NV + (R > 1 ? NV : 0) <= 16, "accumulators and shared loads fit the 16 registers");
   __m256i mask[NV];
-  for (int v = 0; v < NV; ++v)
-    mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(std::clamp(w - 8 * v, 0, 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256 acc[4][NV];
-  for (int r = 0; r < 4; ++r)
+  for (int v = 0; v < NV; ++v) mask[v] = kFull ? _mm256_set1_epi32(-1) : avx2_mask(w, v);
+  __m256 acc[R][NV];
+  for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
   for (int d = 0; d < kd; ++d) {
     __m256 bv[NV];
     for (int v = 0; v < NV; ++v) {
       bv[v] = kFull ? _mm256_loadu_ps(b + d * ldb + 8 * v) : _mm256_maskload_ps(b + d * ldb + 8 * v, mask[v]);
-      __asm__("" : "+x"(bv[v]));  // one load shared by the four rows, not folded into each FMA
+      if constexpr (R > 1) __asm__("" : "+x"(bv[v]));  // one load shared by the rows, not folded into each FMA
     }
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < R; ++r) {
       __m256 const av = _mm256_broadcast_ss(a + r * lda + d);
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
     }
   }
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r < R; ++r) {
     __m256 const va = _mm256_set1_ps(alpha[r * alpha_stride]), vb = _mm256_set1_ps(beta);
     float* cr = c + r * ldc;
     for (int v = 0; v < NV; ++v) {
@@ -175,26 +171,98 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows4_block_avx2(int kd, fl
   }
 }
 
+/// rows_block_avx2 for a block of w <= 8 NV columns: the fewest vectors that hold it.
+template <int R, int NV>
+__attribute__((target("avx2,fma,f16c"))) inline void rows_width_avx2(int kd, float const* a, std::int64_t lda,
+                                                                     float const* b, std::int64_t ldb, int w,
+                                                                     float* c, std::int64_t ldc, float const* alpha,
+                                                                     std::int64_t alpha_stride, float beta) {
+  if constexpr (NV > 1)
+    if (w <= 8 * (NV - 1)) return rows_width_avx2<R, NV - 1>(kd, a, lda, b, ldb, w, c, ldc, alpha, alpha_stride, beta);
+  if (w == 8 * NV)
+    rows_block_avx2<R, NV, true>(kd, a, lda, b, ldb, w, c, ldc, alpha, alpha_stride, beta);
+  else
+    rows_block_avx2<R, NV, false>(kd, a, lda, b, ldb, w, c, ldc, alpha, alpha_stride, beta);
+}
+
+/// R rows of a times b, in blocks of 8 NV columns.
+template <int R, int NV>
+__attribute__((target("avx2,fma,f16c"))) inline void rows_gemm_avx2(int kd, float const* a, std::int64_t lda,
+                                                                    float const* b, std::int64_t ldb, int n,
+                                                                    float* c, std::int64_t ldc, float const* alpha,
+                                                                    std::int64_t alpha_stride, float beta) {
+  for (int c0 = 0; c0 < n; c0 += 8 * NV)
+    rows_width_avx2<R, NV>(kd, a, lda, b + c0, ldb, std::min(8 * NV, n - c0), c + c0, ldc, alpha, alpha_stride, beta);
+}
+
+/// Four rows: 4 x 3 accumulators and 3 shared loads of b per d.
 __attribute__((target("avx2,fma,f16c"))) inline void rows4_gemm_avx2(
     int kd, float const* a, std::int64_t lda, float const* b, std::int64_t ldb, int n, float* c,
     std::int64_t ldc, float const* alpha, std::int64_t alpha_stride, float beta) {
-  for (int c0 = 0; c0 < n; c0 += 24) {
-    int const w = std::min(24, n - c0);
-    float const* const bb = b + c0;
-    float* const cc = c + c0;
-    if (w == 24)
-      rows4_block_avx2<3, true>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
-    else if (w > 16)
-      rows4_block_avx2<3, false>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
-    else if (w == 16)
-      rows4_block_avx2<2, true>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
-    else if (w > 8)
-      rows4_block_avx2<2, false>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
-    else if (w == 8)
-      rows4_block_avx2<1, true>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
-    else
-      rows4_block_avx2<1, false>(kd, a, lda, bb, ldb, w, cc, ldc, alpha, alpha_stride, beta);
+  rows_gemm_avx2<4, 3>(kd, a, lda, b, ldb, n, c, ldc, alpha, alpha_stride, beta);
+}
+
+/// One row: 8 accumulators (64 columns), so 8 FMA chains are in flight.
+__attribute__((target("avx2,fma,f16c"))) inline void row_gemv_avx2(int kd, float const* a, float const* b,
+                                                                   std::int64_t ldb, int n, float* c, float alpha,
+                                                                   float beta) {
+  rows_gemm_avx2<1, 8>(kd, a, 0, b, ldb, n, c, 0, &alpha, 0, beta);
+}
+
+/// rank1_project on one block of 8 NV columns (the last w masked unless kFull): per column
+/// s = k[d] delta + decay s, then o += q[d] s, over d in order (rank1_project_avx512's arithmetic).
+template <int NV, bool kFull>
+__attribute__((target("avx2,fma,f16c"))) inline void rank1_block_avx2(int kd, float decay, float const* k,
+                                                                      float const* delta, float const* q, float* s,
+                                                                      std::int64_t lds, int w, float* o) {
+  __m256i mask[NV];
+  __m256 dv[NV], ov[NV];
+  for (int v = 0; v < NV; ++v) {
+    mask[v] = kFull ? _mm256_set1_epi32(-1) : avx2_mask(w, v);
+    dv[v] = kFull ? _mm256_loadu_ps(delta + 8 * v) : _mm256_maskload_ps(delta + 8 * v, mask[v]);
+    ov[v] = _mm256_setzero_ps();
   }
+  __m256 const dec = _mm256_set1_ps(decay);
+  for (int d = 0; d < kd; ++d) {
+    __m256 const kb = _mm256_broadcast_ss(k + d), qb = _mm256_broadcast_ss(q + d);
+    float* const sr = s + d * lds;
+    for (int v = 0; v < NV; ++v) {
+      __m256 const old = kFull ? _mm256_loadu_ps(sr + 8 * v) : _mm256_maskload_ps(sr + 8 * v, mask[v]);
+      __m256 const x = _mm256_fmadd_ps(kb, dv[v], _mm256_mul_ps(dec, old));
+      if (kFull)
+        _mm256_storeu_ps(sr + 8 * v, x);
+      else
+        _mm256_maskstore_ps(sr + 8 * v, mask[v], x);
+      ov[v] = _mm256_fmadd_ps(qb, x, ov[v]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    if (kFull)
+      _mm256_storeu_ps(o + 8 * v, ov[v]);
+    else
+      _mm256_maskstore_ps(o + 8 * v, mask[v], ov[v]);
+  }
+}
+
+/// rank1_block_avx2 for a block of w <= 8 NV columns: the fewest vectors that hold it.
+template <int NV>
+__attribute__((target("avx2,fma,f16c"))) inline void rank1_width_avx2(int kd, float decay, float const* k,
+                                                                      float const* delta, float const* q, float* s,
+                                                                      std::int64_t lds, int w, float* o) {
+  if constexpr (NV > 1)
+    if (w <= 8 * (NV - 1)) return rank1_width_avx2<NV - 1>(kd, decay, k, delta, q, s, lds, w, o);
+  if (w == 8 * NV)
+    rank1_block_avx2<NV, true>(kd, decay, k, delta, q, s, lds, w, o);
+  else
+    rank1_block_avx2<NV, false>(kd, decay, k, delta, q, s, lds, w, o);
+}
+
+/// Blocks of 32 columns: 4 delta vectors and 4 sums stay in registers.
+__attribute__((target("avx2,fma,f16c"))) inline void rank1_project_avx2(int kd, float decay, float const* k,
+                                                                        float const* delta, float const* q, float* s,
+                                                                        std::int64_t lds, int n, float* o) {
+  for (int c0 = 0; c0 < n; c0 += 32)
+    rank1_width_avx2<4>(kd, decay, k, delta + c0, q, s + c0, lds, std::min(32, n - c0), o + c0);
 }
 
 // ---- Row primitives: AVX-512, up to 4 vectors (64 columns) held in registers ----------------

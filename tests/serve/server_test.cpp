@@ -5,6 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -113,6 +117,56 @@ bool eventually(Pred pred, std::chrono::milliseconds limit = 5000ms) {
 }
 
 }  // namespace
+
+/// Starts n non-blocking connections to 127.0.0.1:port; returns how many completed their
+/// handshake within `limit`.
+int connections_made(int port, int n, std::chrono::milliseconds limit) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<pollfd> fds;
+  for (int i = 0; i < n; ++i) {
+    int const fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    REQUIRE(fd >= 0);
+    int const rc = ::connect(fd, reinterpret_cast<sockaddr const*>(&addr), sizeof addr);
+    REQUIRE((rc == 0 || errno == EINPROGRESS));
+    fds.push_back({fd, POLLOUT, 0});
+  }
+  int made = 0;
+  auto const deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<bool> done(fds.size(), false);
+  while (made < n && std::chrono::steady_clock::now() < deadline) {
+    for (pollfd& p : fds) p.revents = 0;
+    ::poll(fds.data(), fds.size(), 10);
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (done[i] || !(fds[i].revents & POLLOUT)) continue;
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(fds[i].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      done[i] = true;
+      if (err == 0) ++made;
+    }
+  }
+  for (pollfd const& p : fds) ::close(p.fd);
+  return made;
+}
+
+TEST_CASE("server: a burst of connections waits in the listen queue; a port in use is refused") {
+  serve::ServerOptions o;
+  o.port = 0;
+  serve::Server server(o);
+  int const port = server.bind();
+  // Nothing accepts before listen(), so every connection that completes its handshake waits in
+  // the listen queue. At httplib's own backlog of 5, six would, and the others' SYNs would be
+  // dropped and resent a second later.
+  CHECK(connections_made(port, 64, 900ms) == 64);
+
+  serve::ServerOptions same;
+  same.port = port;
+  serve::Server second(same);
+  CHECK_THROWS_WITH_AS(second.bind(), doctest::Contains("is the port in use"), Error);
+}
 
 TEST_CASE("server: 503 while loading, then serving") {
   Running s({}, /*attach=*/false);

@@ -24,12 +24,15 @@
 #pragma once
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 #include <exception>
 #include <memory>
@@ -90,6 +93,11 @@ class Server {
                                                                : -1;
     QFLASH_CHECK(port > 0, "cannot listen on ", opt_.host, ":", opt_.port,
                  " (is the port in use, or the address not one of this machine's?)");
+    // Debian's libcpp-httplib listens with a backlog of 5: a burst of clients connecting at
+    // once overflows it, and each connection dropped waits a second for its SYN to be resent.
+    // listen() again on a listening socket sets its backlog.
+    QFLASH_CHECK(::listen(listen_socket_, SOMAXCONN) == 0, "cannot set the listen backlog on ", opt_.host, ":",
+                 port, ": ", std::strerror(errno));
     return port;
   }
 
@@ -272,6 +280,14 @@ class Server {
   // ---- routing ----------------------------------------------------------------------------
 
   void routes() {
+    // httplib's default sets SO_REUSEPORT, with which a second server binds the same port and
+    // the kernel splits connections between the two. SO_REUSEADDR only lets a restarted server
+    // bind past its predecessor's closing connections; a port in use is refused.
+    svr_.set_socket_options([this](socket_t sock) {
+      int const yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket_ = sock;
+    });
     svr_.new_task_queue = [n = opt_.http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
     // httplib refuses a larger Content-Length before reading anything; read_body refuses at the
     // limit itself and drains up to kDrainBytes more, so that the client reads the 413.
@@ -535,6 +551,7 @@ class Server {
   ServerOptions opt_;
   ApiKey key_;
   httplib::Server svr_;
+  socket_t listen_socket_ = -1;  ///< the socket bind() bound, when it has
   HttpMetrics metrics_;
   std::time_t started_at_ = 0;
 

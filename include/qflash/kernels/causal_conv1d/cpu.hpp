@@ -178,6 +178,7 @@ inline constexpr int kTokenChannels = 64;
 /// entry is two blends (which vector each lane comes from) and a permute (which lane each
 /// channel comes from); writing back is the inverse.
 namespace k4 {
+/// The channel whose entry i is in lane `lane` of its state vector.
 constexpr int channel_in_lane(int i, int lane) {
   for (int c = 0; c < 8; ++c)
     if ((3 * c + i) % 8 == lane) return c;
@@ -201,7 +202,8 @@ constexpr int written_lanes(int v, int i) {
 /// Entry i of 8 channels, from their state vectors v0..v2.
 template <int I>
 QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 state_entry(__m256 v0, __m256 v1, __m256 v2) {
-  __m256 const m = _mm256_blend_ps(_mm256_blend_ps(v0, v1, entry_lanes(I, 1)), v2, entry_lanes(I, 2));
+  constexpr int kFrom1 = entry_lanes(I, 1), kFrom2 = entry_lanes(I, 2);  // immediates, also at -O0
+  __m256 const m = _mm256_blend_ps(_mm256_blend_ps(v0, v1, kFrom1), v2, kFrom2);
   __m256i const lane_of_channel = _mm256_setr_epi32((3 * 0 + I) % 8, (3 * 1 + I) % 8, (3 * 2 + I) % 8,
                                                     (3 * 3 + I) % 8, (3 * 4 + I) % 8, (3 * 5 + I) % 8,
                                                     (3 * 6 + I) % 8, (3 * 7 + I) % 8);
@@ -220,7 +222,8 @@ QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 to_state_lanes(__m256 e) {
 /// State vector V from entries 0..2 already in their lanes.
 template <int V>
 QFLASH_TARGET_AVX2 QFLASH_SIMD_INLINE __m256 state_vector(__m256 e0, __m256 e1, __m256 e2) {
-  return _mm256_blend_ps(_mm256_blend_ps(e0, e1, written_lanes(V, 1)), e2, written_lanes(V, 2));
+  constexpr int kFrom1 = written_lanes(V, 1), kFrom2 = written_lanes(V, 2);
+  return _mm256_blend_ps(_mm256_blend_ps(e0, e1, kFrom1), e2, kFrom2);
 }
 }  // namespace k4
 

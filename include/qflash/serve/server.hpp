@@ -28,8 +28,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -88,6 +88,14 @@ class Server {
 
   /// Binds the listening socket and returns its port. Throws Error when it cannot.
   int bind() {
+    // httplib's default sets SO_REUSEPORT, with which a second server binds the same port and
+    // the kernel splits connections between the two. SO_REUSEADDR only lets a restarted server
+    // bind past its predecessor's closing connections; a port in use is refused.
+    svr_.set_socket_options([this](socket_t sock) {
+      int const yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket_ = sock;
+    });
     int const port = opt_.port == 0                              ? svr_.bind_to_any_port(opt_.host)
                      : svr_.bind_to_port(opt_.host, opt_.port) ? opt_.port
                                                                : -1;
@@ -280,14 +288,6 @@ class Server {
   // ---- routing ----------------------------------------------------------------------------
 
   void routes() {
-    // httplib's default sets SO_REUSEPORT, with which a second server binds the same port and
-    // the kernel splits connections between the two. SO_REUSEADDR only lets a restarted server
-    // bind past its predecessor's closing connections; a port in use is refused.
-    svr_.set_socket_options([this](socket_t sock) {
-      int const yes = 1;
-      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-      listen_socket_ = sock;
-    });
     svr_.new_task_queue = [n = opt_.http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
     // httplib refuses a larger Content-Length before reading anything; read_body refuses at the
     // limit itself and drains up to kDrainBytes more, so that the client reads the 413.

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <future>
 #include <string>
@@ -116,8 +117,6 @@ bool eventually(Pred pred, std::chrono::milliseconds limit = 5000ms) {
   return true;
 }
 
-}  // namespace
-
 /// Starts n non-blocking connections to 127.0.0.1:port; returns how many completed their
 /// handshake within `limit`.
 int connections_made(int port, int n, std::chrono::milliseconds limit) {
@@ -151,6 +150,8 @@ int connections_made(int port, int n, std::chrono::milliseconds limit) {
   for (pollfd const& p : fds) ::close(p.fd);
   return made;
 }
+
+}  // namespace
 
 TEST_CASE("server: a burst of connections waits in the listen queue; a port in use is refused") {
   serve::ServerOptions o;

@@ -87,6 +87,17 @@ QFLASH_FORCEINLINE void conv_row_any(float const* const* src, float const* wt, i
 /// Largest d_conv with an unrolled row kernel (MoeSpec allows d_conv <= 8).
 inline constexpr int kMaxFixedConv = 8;
 
+/// Channels [c_begin, c_end) of a weight w [c][k] and, unless st is null, a state st [c][k-1]
+/// as tap-major rows `ld` floats apart: wt [k], hist [k-1].
+QFLASH_FORCEINLINE void transpose_taps(float const* w, float const* st, int k, int c_begin, int c_end, float* wt,
+                                       float* hist, std::int64_t ld) {
+  for (int c = c_begin; c < c_end; ++c)
+    for (int j = 0; j < k; ++j) wt[j * ld + c] = w[c * k + j];
+  if (st)
+    for (int c = c_begin; c < c_end; ++c)
+      for (int i = 0; i < k - 1; ++i) hist[i * ld + c] = st[c * (k - 1) + i];
+}
+
 /// y for tokens [t0, t0 + nt) and channels [c0, c0 + nc). Reads the state, does not write it.
 template <bool kFma>
 QFLASH_FORCEINLINE void conv_item(CausalConv1dArgs const& a, std::int64_t t0, std::int64_t nt,
@@ -96,11 +107,7 @@ QFLASH_FORCEINLINE void conv_item(CausalConv1dArgs const& a, std::int64_t t0, st
   float* const wt = scratch;                           // [K][kConvChannels]    weight, tap-major
   float* const hist = wt + k * kConvChannels;          // [K-1][kConvChannels]  state, oldest first
   float* const acc = hist + (k - 1) * kConvChannels;   // [kConvChannels]
-  for (int c = 0; c < nc; ++c)
-    for (int j = 0; j < k; ++j) wt[j * kConvChannels + c] = a.weight[(c0 + c) * k + j];
-  if (t0 < k - 1)
-    for (int c = 0; c < nc; ++c)
-      for (int i = 0; i < k - 1; ++i) hist[i * kConvChannels + c] = a.state[(c0 + c) * (k - 1) + i];
+  transpose_taps(a.weight + c0 * k, t0 < k - 1 ? a.state + c0 * (k - 1) : nullptr, k, 0, nc, wt, hist, kConvChannels);
 
   std::vector<float const*> src_buf(k > kMaxFixedConv ? static_cast<std::size_t>(k) : 0);
   float const* src_fixed[kMaxFixedConv];
@@ -292,10 +299,7 @@ QFLASH_FORCEINLINE void conv_token_fixed(CausalConv1dArgs const& a, std::int64_t
       transpose_taps_k4_avx2(w, st, n / 8, wt, hist, kLd);
     }
 #endif
-    for (int ch = shuffled; ch < n; ++ch) {
-      for (int j = 0; j < K; ++j) wt[j * kLd + ch] = w[ch * K + j];
-      for (int i = 0; i < K - 1; ++i) hist[i * kLd + ch] = st[ch * (K - 1) + i];
-    }
+    transpose_taps(w, st, K, shuffled, n, wt, hist, kLd);
     float const* src[K];
     for (int i = 0; i < K - 1; ++i) src[i] = hist + i * kLd;
     src[K - 1] = x;

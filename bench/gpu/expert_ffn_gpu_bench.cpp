@@ -1,7 +1,8 @@
 // expert_ffn on CUDA: time per call (CUDA events) of one Qwen3.6-35B-A3B MoE block (256
 // experts of 2048 -> 512 -> 2048, top-8, a shared expert of width 512) in bf16, fp8, q8_0 and
-// q4_k, for 1, 4 and 16 tokens, with the expert weight bytes the call reads, their GB/s and
-// the fraction of the measured copy bandwidth (decode is bound by reading the experts).
+// q4_k, for 1, 4 and 16 tokens (decode) and 512 (a prompt), with the expert weight bytes the
+// call reads, their GB/s and the fraction of the measured copy bandwidth (decode is bound by
+// reading the experts), and the multiply-adds' TFLOP/s (what bounds a prompt).
 //
 //   build/ci/bench/gpu/expert_ffn_gpu_bench     (exits 77 without a CUDA device)
 //
@@ -27,7 +28,7 @@ using namespace qflash::bench::gpu;
 namespace {
 
 constexpr std::int64_t kDModel = 2048, kDff = 512, kDffShared = 512;
-constexpr int kExperts = 256, kTopK = 8, kRouteSets = 32, kMaxTokens = 16;
+constexpr int kExperts = 256, kTopK = 8, kRouteSets = 32, kMaxTokens = 512;
 
 /// The first compiled spec that takes every weight format and this d_model.
 constexpr std::size_t bench_spec_index() {
@@ -106,7 +107,7 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
                                           shared_down.slice(0, kDModel)};
       std::int64_t const expert_bytes = 2 * experts[0].gate.bytes() + experts[0].down.bytes();
       std::int64_t const shared_bytes = 2 * shared.gate.bytes() + shared.down.bytes();
-      for (int tokens : {1, 4, 16}) {
+      for (int tokens : {1, 4, 16, kMaxTokens}) {
         std::set<std::int32_t> used;  // experts one call reads (every set reads as many)
         for (int s = 0; s < tokens * kTopK; ++s) used.insert(routes[static_cast<std::size_t>(s)]);
         std::int64_t const bytes = static_cast<std::int64_t>(used.size()) * expert_bytes + shared_bytes;
@@ -138,10 +139,12 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
           continue;
         }
         double const gbps = static_cast<double>(bytes) / sec / 1e9;
-        std::printf("%-6s %-16s %-8s %3d tokens %3zu experts %9.2f us  W %7.1f MB %8.1f GB/s %6.1f%% of copy\n",
-                    std::string(Tag::name).c_str(), std::string(instances::kSpecNames[I]).c_str(),
-                    std::string(to_string(f)).c_str(), tokens, used.size(), sec * 1e6,
-                    static_cast<double>(bytes) / 1e6, gbps, 100.0 * gbps / roofs.copy_gbps);
+        double const macs = static_cast<double>(tokens) * 3 * kDModel * (kTopK * kDff + kDffShared);
+        std::printf(
+            "%-6s %-16s %-8s %3d tokens %3zu experts %9.2f us  W %7.1f MB %8.1f GB/s %6.1f%% of copy %7.1f TFLOP/s\n",
+            std::string(Tag::name).c_str(), std::string(instances::kSpecNames[I]).c_str(),
+            std::string(to_string(f)).c_str(), tokens, used.size(), sec * 1e6, static_cast<double>(bytes) / 1e6, gbps,
+            100.0 * gbps / roofs.copy_gbps, 2 * macs / sec / 1e12);
       }
     }
     cudaFree(d_routes);

@@ -1,6 +1,7 @@
 // linear on CUDA: time per call (CUDA events) of a 65536 x 4096 projection in every weight
-// format, for 1, 4 and 16 tokens, with the weight bytes read per call, their GB/s and the
-// fraction of the measured copy bandwidth (decode GEMV is bound by reading the weights).
+// format, for 1, 4 and 16 tokens (decode) and 512 (a prompt), with the weight bytes read per
+// call, their GB/s and the fraction of the measured copy bandwidth (decode GEMV is bound by
+// reading the weights), and the multiply-adds' TFLOP/s (what bounds a prompt).
 //
 //   build/ci/bench/gpu/linear_gpu_bench     (exits 77 without a CUDA device)
 //
@@ -25,7 +26,7 @@ using namespace qflash::bench::gpu;
 
 namespace {
 
-constexpr std::int64_t kRows = 65536, kCols = 4096;
+constexpr std::int64_t kRows = 65536, kCols = 4096, kMaxTokens = 512;
 
 constexpr std::size_t bench_spec_index() {
   for (std::size_t i = 0; i < instances::kSpecs.size(); ++i)
@@ -40,9 +41,9 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
     constexpr MoeSpec S = instances::kSpecs[I];
     if (!runs_on<Tag>(major, minor)) return;
     float *x = nullptr, *y = nullptr;
-    ok(cudaMalloc(&x, 16 * kCols * sizeof(float)), "cudaMalloc");
-    ok(cudaMalloc(&y, 16 * kRows * sizeof(float)), "cudaMalloc");
-    cudaMemsetAsync(x, 0x3c, 16 * kCols * sizeof(float), stream);
+    ok(cudaMalloc(&x, kMaxTokens * kCols * sizeof(float)), "cudaMalloc");
+    ok(cudaMalloc(&y, kMaxTokens * kRows * sizeof(float)), "cudaMalloc");
+    cudaMemsetAsync(x, 0x3c, kMaxTokens * kCols * sizeof(float), stream);
     for (WeightFormat f : kAllWeightFormats) {
       WeightView w{f, nullptr, kRows, kCols};
       void* bytes = nullptr;
@@ -56,7 +57,7 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
         cudaMemsetAsync(scales, 0x3c, n * sizeof(float), stream);
         w.scales = scales;
       }
-      for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{4}, std::int64_t{16}}) {
+      for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{4}, std::int64_t{16}, kMaxTokens}) {
         kernels::LinearArgs a{};
         a.w = w;
         a.x = x;
@@ -75,10 +76,11 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
           continue;
         }
         double const gbps = static_cast<double>(w.bytes()) / sec / 1e9;
-        std::printf("%-6s %-16s %-8s %3lld tokens %9.2f us  W %7.1f MB %8.1f GB/s %6.1f%% of copy\n",
+        double const tflops = 2.0 * static_cast<double>(tokens * kRows * kCols) / sec / 1e12;
+        std::printf("%-6s %-16s %-8s %3lld tokens %9.2f us  W %7.1f MB %8.1f GB/s %6.1f%% of copy %7.1f TFLOP/s\n",
                     std::string(Tag::name).c_str(), std::string(instances::kSpecNames[I]).c_str(),
                     std::string(to_string(f)).c_str(), static_cast<long long>(tokens), sec * 1e6,
-                    static_cast<double>(w.bytes()) / 1e6, gbps, 100.0 * gbps / roofs.copy_gbps);
+                    static_cast<double>(w.bytes()) / 1e6, gbps, 100.0 * gbps / roofs.copy_gbps, tflops);
       }
       cudaFree(bytes);
       cudaFree(scales);

@@ -12,6 +12,9 @@
 ///  5. combine: out[t] += w_j y[row of slot j] in slot order, then the shared expert's.
 /// Steps 3 and 4 serve the shared expert in the same launches when it has the routed experts'
 /// formats and shapes (its tiles, expert -1, lead the list); else it has its own, first.
+/// With bf16 weights and rows enough for them (prefill), tiles hold up to 16 rows and steps 2
+/// to 4 run on tensor cores (expert_mma_kernel, over linear/mma.cuh's tiles): the tokens and
+/// then the SwiGLU outputs are split into bf16 parts, gate and up share each stage of a CTA.
 /// Each row's sums do not depend on which rows share its tile, so results are deterministic
 /// though the rows within an expert come in the order atomics give them.
 /// Routed experts are read as a StackedView (stacked.hpp): others are kErrorNotSupported, as
@@ -52,13 +55,14 @@ struct Tile {
 };
 
 /// Step 1. Rows [0, shared_rows) are the shared expert's (row t: token t); routed rows start
-/// at shared_rows, grouped by expert in id order. slot_row[s]: slot s's row, or -1. Each
-/// thread owns a run of experts; block-wide prefix sums place their rows and tiles. With
-/// shared_tiles, the shared rows' tiles (expert -1) come first in the list.
+/// at shared_rows, grouped by expert in id order, in tiles of at most tile_rows.
+/// slot_row[s]: slot s's row, or -1. Each thread owns a run of experts; block-wide prefix sums
+/// place their rows and tiles. With shared_tiles, the shared rows' tiles (expert -1) come
+/// first in the list.
 template <class Arch>
 __global__ void __launch_bounds__(kGroupThreads)
     group_kernel(std::int32_t const* routes, int n_slots, int n_expert_used, int n_expert, int shared_rows,
-                 bool shared_tiles, Tile* tiles, int* tile_count, int* row_token, int* slot_row) {
+                 bool shared_tiles, int tile_rows, Tile* tiles, int* tile_count, int* row_token, int* slot_row) {
   using Scan = cub::BlockScan<int, kGroupThreads>;
   __shared__ typename Scan::TempStorage scan;
   extern __shared__ int cursor[];  // [n_expert]: counts, then each expert's next row
@@ -70,22 +74,22 @@ __global__ void __launch_bounds__(kGroupThreads)
   int const per = (n_expert + kGroupThreads - 1) / kGroupThreads;
   int const e0 = min(static_cast<int>(threadIdx.x) * per, n_expert), e1 = min(e0 + per, n_expert);
   int my_rows = 0, my_tiles = 0;
-  for (int e = e0; e < e1; ++e) my_rows += cursor[e], my_tiles += (cursor[e] + kTokens - 1) / kTokens;
+  for (int e = e0; e < e1; ++e) my_rows += cursor[e], my_tiles += (cursor[e] + tile_rows - 1) / tile_rows;
   int row = 0, tile = 0, n_tiles = 0;
   Scan(scan).ExclusiveSum(my_rows, row);
   __syncthreads();  // the scan's storage is reused
   Scan(scan).ExclusiveSum(my_tiles, tile, n_tiles);
   row += shared_rows;
   if (shared_tiles) {  // the shared expert's rows first, as expert -1
-    int const n_shared = (shared_rows + kTokens - 1) / kTokens;
+    int const n_shared = (shared_rows + tile_rows - 1) / tile_rows;
     for (int i = threadIdx.x; i < n_shared; i += blockDim.x)
-      tiles[i] = {-1, i * kTokens, min(kTokens, shared_rows - i * kTokens)};
+      tiles[i] = {-1, i * tile_rows, min(tile_rows, shared_rows - i * tile_rows)};
     tile += n_shared;
     n_tiles += n_shared;
   }
   for (int e = e0; e < e1; ++e) {
     int const count = cursor[e];
-    for (int r = 0; r < count; r += kTokens) tiles[tile++] = {e, row + r, min(kTokens, count - r)};
+    for (int r = 0; r < count; r += tile_rows) tiles[tile++] = {e, row + r, min(tile_rows, count - r)};
     cursor[e] = row;
     row += count;
   }
@@ -179,6 +183,74 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
       }
     }
   }
+}
+
+/// Steps 3 and 4 on tensor cores (bf16 weights; linear/mma.cuh): gate and up together
+/// (kMats 2, y = silu(gate x) * (up x)), or down (kMats 1, y = down x), for tiles of at most
+/// 16 rows of one expert. The inputs are split into bf16 parts first (linear's split_kernel).
+struct MmaParams {
+  StackedView w[2];         ///< gate and up, or down
+  StackedView shared_w[2];  ///< the shared expert's, for tiles of expert -1
+  Tile const* tiles;        ///< as ProjectParams::tiles
+  int const* tile_count;
+  int dense_rows;
+  int const* row_token;         ///< the parts' row of each pair row; null: the pair row less part_row0
+  std::int64_t part_row0;
+  std::uint16_t const* parts;   ///< [mma::kParts][part rows][k] bf16
+  std::int64_t part_stride;     ///< elements between parts
+  float* y;                     ///< [pair rows, ys]
+  std::int64_t ys;
+};
+
+/// Grid: x output rows by mma::kBlockN, y tiles (strided).
+template <class Arch, int kMats>
+__global__ void __launch_bounds__(linear_cuda::mma::kThreads) expert_mma_kernel(MmaParams const p) {
+  namespace mma = linear_cuda::mma;
+  __shared__ alignas(16) std::uint16_t smem[2][mma::Tile<1, kMats>::kStageElems];
+  int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  std::int64_t const rows = p.w[0].first.rows, k = p.w[0].first.cols;
+  std::int64_t const n0 = static_cast<std::int64_t>(blockIdx.x) * mma::kBlockN;
+  int const n_tiles = p.tiles ? *p.tile_count : (p.dense_rows + 15) / 16;
+  for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
+    Tile const tile = p.tiles ? p.tiles[i] : Tile{0, i * 16, min(16, p.dense_rows - i * 16)};
+    bool const is_shared = tile.expert < 0;
+    std::uint16_t const* w[kMats];
+#pragma unroll
+    for (int j = 0; j < kMats; ++j)
+      w[j] = static_cast<std::uint16_t const*>((is_shared ? p.shared_w[j] : p.w[j]).at(is_shared ? 0 : tile.expert).data);
+    auto const token_row = [&](int t) -> std::int64_t {
+      if (t >= tile.n) return -1;
+      int const row = tile.row + t;
+      return p.row_token ? p.row_token[row] : row - p.part_row0;
+    };
+    float acc[kMats][1][mma::kNTiles][4];
+    mma::multiply_tiles<1, kMats>(
+        k,
+        [&](std::int64_t k0, std::uint16_t* stage) {
+          mma::load_stage<1, kMats>(w, rows, n0, p.parts, p.part_stride, token_row, k, k0, stage);
+        },
+        smem, acc);
+#pragma unroll
+    for (int nt = 0; nt < mma::kNTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        int const t = mma::c_token(lane, r);
+        std::int64_t const o = n0 + warp * 16 + nt * 8 + mma::c_row(lane, r);
+        if (t >= tile.n || o >= rows) continue;
+        float const v = kMats == 2 ? cuda::silu(acc[0][0][nt][r]) * acc[kMats - 1][0][nt][r] : acc[0][0][nt][r];
+        p.y[static_cast<std::int64_t>(tile.row + t) * p.ys + o] = v;
+      }
+  }
+}
+
+/// Launches expert_mma_kernel over at most max_tiles tiles.
+template <class Arch, int kMats>
+Status project_mma(MmaParams const& p, std::int64_t max_tiles, cudaStream_t stream) {
+  namespace mma = linear_cuda::mma;
+  dim3 const grid(static_cast<unsigned>((p.w[0].first.rows + mma::kBlockN - 1) / mma::kBlockN),
+                  static_cast<unsigned>(std::clamp<std::int64_t>(max_tiles, 1, kMaxTileBlocks)));
+  expert_mma_kernel<Arch, kMats><<<grid, mma::kThreads, 0, stream>>>(p);
+  return cuda::last_launch_status();
 }
 
 /// Step 5: one thread per output value.
@@ -286,8 +358,6 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   // Rows of SwiGLU outputs d_ff_max apart, a multiple of 4 floats: the block formats' lanes
   // read their rounded activations in aligned runs.
   std::int64_t const d_ff_max = (std::max(routed.gate.first.rows, shared ? shared->gate.first.rows : 0) + 3) / 4 * 4;
-  std::int64_t const max_tiles = (n_slots + kTokens - 1) / kTokens + std::min(n_expert, n_slots);
-  std::int64_t const shared_tiles = (shared_rows + kTokens - 1) / kTokens;
   // The passes of steps 3 and 4 run once for both sets when the shared expert has the routed
   // experts' formats and shapes (its tiles lead the list), else once per set.
   auto same = [](StackedView const& x, StackedView const& y) {
@@ -295,6 +365,20 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   };
   bool const merged = shared && same(shared->gate, routed.gate) && same(shared->up, routed.up) &&
                       same(shared->down, routed.down);
+  // Tensor cores when every weight is bf16 in whole 16-byte rows and the experts have rows
+  // for their 16-row tiles: four a used expert on average.
+  auto mma_ready = [](StackedView const& w) {
+    return w.first.format == WeightFormat::kBf16 && w.first.cols % linear_cuda::mma::kChunk == 0 &&
+           reinterpret_cast<std::uintptr_t>(w.first.data) % 16 == 0 && w.data_stride % 16 == 0;
+  };
+  bool const use_mma =
+      a.fused_swiglu && a.n_tokens >= linear_cuda::mma::kMinTokens && n_slots >= 4 * std::min(n_expert, n_slots) &&
+      std::all_of(sets.begin(), sets.end(), [&](Set const* set) {
+        return !set || (mma_ready(set->gate) && mma_ready(set->up) && mma_ready(set->down));
+      });
+  int const tile_rows = use_mma ? 16 : kTokens;
+  std::int64_t const max_tiles = (n_slots + tile_rows - 1) / tile_rows + std::min(n_expert, n_slots);
+  std::int64_t const shared_tiles = (shared_rows + tile_rows - 1) / tile_rows;
   struct Group {
     Set const* set;
     Set const* shared;  ///< in the tile list as expert -1, or null
@@ -329,6 +413,9 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     if (x_rounded[r]) xr_at[r] = ws.reserve<float>(a.n_tokens * d_model);
     if (act_rounded[r]) act_r_at[r] = ws.reserve<float>(rows * d_ff_max);
   }
+  constexpr int kParts = linear_cuda::mma::kParts;
+  std::size_t const x_parts_at = use_mma ? ws.reserve<std::uint16_t>(kParts * a.n_tokens * d_model) : 0,
+                    act_parts_at = use_mma ? ws.reserve<std::uint16_t>(kParts * rows * d_ff_max) : 0;
   if (Status st = ws.allocate(stream); st != Status::kSuccess) return st;
   auto* const tiles = ws.at<Tile>(tiles_at);
   auto* const tile_count = ws.at<int>(tile_count_at);
@@ -342,12 +429,58 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     return r == Rounding::kNone ? x : ws.at<float>(at[static_cast<int>(r)]);
   };
 
+  // 5. Combine.
+  auto combine = [&]() -> Status {
+    std::int64_t const values = a.n_tokens * d_model;
+    auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((values + kThreads - 1) / kThreads, 1 << 16));
+    combine_kernel<Arch><<<blocks, kThreads, 0, stream>>>(a.out, y, d_model, a.n_tokens, slot_row, a.route_weights,
+                                                          a.n_expert_used, shared ? a.shared_weights : nullptr);
+    return cuda::last_launch_status();
+  };
+  // Steps 2 to 4 on tensor cores: the tokens split once; per group, gate and up with SwiGLU,
+  // the SwiGLU outputs split, down.
+  auto run_mma = [&]() -> Status {
+    auto* const x_parts = ws.at<std::uint16_t>(x_parts_at);
+    auto* const act_parts = ws.at<std::uint16_t>(act_parts_at);
+    if (Status st = linear_cuda::mma::split<Arch>(a.x, d_model, a.n_tokens, d_model, x_parts, stream);
+        st != Status::kSuccess)
+      return st;
+    for (int gi = 0; gi < n_groups; ++gi) {
+      Group const& g = groups[gi];
+      std::int64_t const d_ff = g.set->gate.first.rows;
+      MmaParams p{};
+      p.w[0] = g.set->gate, p.w[1] = g.set->up;
+      if (g.shared) p.shared_w[0] = g.shared->gate, p.shared_w[1] = g.shared->up;
+      p.tiles = g.listed ? tiles : nullptr;
+      p.tile_count = tile_count;
+      p.dense_rows = static_cast<int>(g.rows);
+      p.row_token = row_token;
+      p.parts = x_parts, p.part_stride = a.n_tokens * d_model;
+      p.y = act, p.ys = d_ff_max;
+      if (Status st = project_mma<Arch, 2>(p, g.tiles, stream); st != Status::kSuccess) return st;
+      if (Status st = linear_cuda::mma::split<Arch>(act + g.row0 * d_ff_max, d_ff_max, g.rows, d_ff, act_parts, stream);
+          st != Status::kSuccess)
+        return st;
+      p.w[0] = g.set->down, p.w[1] = {};
+      p.shared_w[0] = g.shared ? g.shared->down : StackedView{}, p.shared_w[1] = {};
+      p.row_token = nullptr, p.part_row0 = g.row0;
+      p.parts = act_parts, p.part_stride = g.rows * d_ff;
+      p.y = y, p.ys = d_model;
+      if (Status st = project_mma<Arch, 1>(p, g.tiles, stream); st != Status::kSuccess) return st;
+    }
+    return Status::kSuccess;
+  };
+
   auto run = [&]() -> Status {
     // 1. Grouping.
     group_kernel<Arch><<<1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream>>>(
         a.routes, static_cast<int>(n_slots), a.n_expert_used, static_cast<int>(n_expert), static_cast<int>(shared_rows),
-        merged, tiles, tile_count, row_token, slot_row);
+        merged, tile_rows, tiles, tile_count, row_token, slot_row);
     if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+    if (use_mma) {
+      if (Status st = run_mma(); st != Status::kSuccess) return st;
+      return combine();
+    }
     // 2. The tokens rounded.
     for (int r = 1; r < kRoundings; ++r)
       if (x_rounded[r])
@@ -397,12 +530,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       p.y = y, p.ys = d_model;
       if (Status st = project<Arch, S>(Pass::kDown, p, g.tiles, stream); st != Status::kSuccess) return st;
     }
-    // 5. Combine.
-    std::int64_t const values = a.n_tokens * d_model;
-    auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((values + kThreads - 1) / kThreads, 1 << 16));
-    combine_kernel<Arch><<<blocks, kThreads, 0, stream>>>(a.out, y, d_model, a.n_tokens, slot_row, a.route_weights,
-                                                          a.n_expert_used, shared ? a.shared_weights : nullptr);
-    return cuda::last_launch_status();
+    return combine();
   };
   return run();
 }

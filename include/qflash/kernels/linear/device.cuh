@@ -1,8 +1,9 @@
 /// @file
-/// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh: the plain path of issue 12's
-/// per-format GEMV/GEMM (no tensor cores yet). A warp owns kRows output rows and a tile of
-/// kTokens tokens, so each weight is read once per tile; the lanes share each stretch of a
-/// row and the warp sums. Sums are fp32. Each lane keeps several 16-byte weight loads in flight.
+/// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh. bf16 weights over
+/// mma::kMinTokens tokens or more take the tensor-core path (mma.cuh); the rest this plain
+/// GEMV/GEMM. A warp owns kRows output rows and a tile of kTokens tokens, so each weight is
+/// read once per tile; the lanes share each stretch of a row and the warp sums. Sums are
+/// fp32. Each lane keeps several 16-byte weight loads in flight.
 /// - Element formats (f32, bf16, f16, fp8 e4m3 with its 128x128 scales): 16 bytes per lane
 ///   step when rows and activations are aligned, else one value at a time.
 /// - Block formats (q8_0, q4_k, q6_k, int4): the activations are first rounded as the CPU
@@ -21,6 +22,7 @@
 
 #include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
+#include "qflash/kernels/linear/mma.cuh"
 #include "qflash/kernels/linear/op.hpp"
 #include "qflash/kernels/linear/warp_blocks.hpp"
 
@@ -320,6 +322,8 @@ Status launch_format(Params p, cudaStream_t stream) {
   dim3 const grid(static_cast<unsigned>((p.w.rows + kWarps * kRows - 1) / (kWarps * kRows)),
                   static_cast<unsigned>(std::min<std::int64_t>((p.n_tokens + kTokens - 1) / kTokens, kMaxTokenTiles)));
   if constexpr (block_values(kF) == 1) {
+    if (kF == WeightFormat::kBf16 && mma::usable(p.w, p.n_tokens))
+      return mma::launch<Arch>(p.w, p.x, p.xs, p.n_tokens, p.y, p.ys, p.accumulate, stream);
     if (vector_path(p.w, p.x, p.xs))
       linear_kernel<Arch, kF, true><<<grid, kThreads, 0, stream>>>(p);
     else

@@ -1,0 +1,223 @@
+/// @file
+/// linear's tensor-core path for bf16 weights on sm_80 and sm_90a (mma.sync; the geometry and
+/// its reasons: mma_tile.hpp). Taken for kMinTokens tokens or more (prefill, many sequences):
+/// 1. split_kernel writes the activations' three bf16 parts into the stream's workspace,
+///    [kParts][n_tokens][cols];
+/// 2. mma_kernel stages weight and part tiles through shared memory with cp.async (two stages:
+///    the next tile's copies fly while the warps multiply this one) and sums each part's
+///    products, lo first, into fp32 accumulators.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "qflash/kernels/common/cuda.cuh"
+#include "qflash/kernels/common/stream_workspace.cuh"
+#include "qflash/kernels/linear/mma_tile.hpp"
+#include "qflash/kernels/linear/op.hpp"
+
+namespace qflash::kernels::linear_cuda::mma {
+
+struct Params {
+  std::uint16_t const* w;      // [n, k] bf16
+  std::uint16_t const* parts;  // [kParts][m, k] bf16
+  float* y;                    // [m, ys]
+  std::int64_t m, n, k, ys;
+  bool accumulate;
+};
+
+/// One thread per activation: its three parts.
+template <class Arch>
+__global__ void __launch_bounds__(256) split_kernel(float const* x, std::int64_t xs, std::int64_t m, std::int64_t k,
+                                                    std::uint16_t* parts) {
+  std::int64_t const n = m * k;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t const t = i / k, c = i % k;
+    std::uint16_t p[kParts];
+    split3(x[t * xs + c], p);
+#pragma unroll
+    for (int j = 0; j < kParts; ++j) parts[j * n + i] = p[j];
+  }
+}
+
+__device__ __forceinline__ void copy16(std::uint16_t* smem, void const* src, bool valid) {
+  auto const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  // src-size 0 fills the 16 bytes with zeros and reads nothing.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void copy_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+/// c += a b for one m16n8k16 tile (bf16 in, fp32 accumulators).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], std::uint32_t const (&a)[4], std::uint32_t const (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/// The warp's products of one stage: acc[j][mt][nt] += the tile's activations (every part, lo
+/// first) times matrix j's n-tile nt, over the stage's kBlockK columns.
+template <int kMTiles, int kMats>
+__device__ __forceinline__ void multiply_stage(std::uint16_t const* stage, int lane, int warp,
+                                               float (&acc)[kMats][kMTiles][kNTiles][4]) {
+  auto const* words = reinterpret_cast<std::uint32_t const*>(stage);
+#pragma unroll
+  for (int ks = 0; ks < kBlockK / 16; ++ks) {
+    std::uint32_t b[kMats][kNTiles][2];
+#pragma unroll
+    for (int j = 0; j < kMats; ++j)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) b[j][nt][r] = words[b_word(lane, r, j * kBlockN + warp * 16 + nt * 8, ks)];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int part = kParts - 1; part >= 0; --part) {
+        std::uint32_t a[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[r] = words[a_word<kMTiles, kMats>(lane, r, mt, part, ks)];
+#pragma unroll
+        for (int j = 0; j < kMats; ++j)
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) mma_bf16(acc[j][mt][nt], a, b[j][nt]);
+      }
+  }
+}
+
+/// A CTA's products over k columns into acc (zeroed first), through two stages of `smem`:
+/// load(k0, stage) queues the copies of columns [k0, k0 + kBlockK) into a stage.
+template <int kMTiles, int kMats, class Load>
+__device__ __forceinline__ void multiply_tiles(std::int64_t k, Load const& load,
+                                               std::uint16_t (&smem)[2][Tile<kMTiles, kMats>::kStageElems],
+                                               float (&acc)[kMats][kMTiles][kNTiles][4]) {
+  int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+#pragma unroll
+  for (int j = 0; j < kMats; ++j)
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[j][mt][nt][r] = 0.0f;
+  std::int64_t const k_tiles = (k + kBlockK - 1) / kBlockK;
+  load(0, smem[0]);
+  copy_commit();
+  for (std::int64_t kt = 0; kt < k_tiles; ++kt) {
+    if (kt + 1 < k_tiles) {
+      load((kt + 1) * kBlockK, smem[(kt + 1) % 2]);
+      copy_commit();
+      copy_wait<1>();
+    } else {
+      copy_wait<0>();
+    }
+    __syncthreads();
+    multiply_stage<kMTiles, kMats>(smem[kt % 2], lane, warp, acc);
+    __syncthreads();  // the stage is refilled next
+  }
+}
+
+/// Queues the copies of columns [k0, k0 + kBlockK) of a stage: weight matrix j's rows
+/// [n0, n0 + kBlockN) from w[j] (rows k apart), and the activation rows that token_row gives
+/// for the tile's tokens (-1: none) from parts (part p's rows at p part_stride). Rows and
+/// columns past the matrices are zeros.
+template <int kMTiles, int kMats, class TokenRow>
+__device__ __forceinline__ void load_stage(std::uint16_t const* const (&w)[kMats], std::int64_t n, std::int64_t n0,
+                                           std::uint16_t const* parts, std::int64_t part_stride,
+                                           TokenRow const& token_row, std::int64_t k, std::int64_t k0,
+                                           std::uint16_t* stage) {
+  for (int c = static_cast<int>(threadIdx.x); c < Tile<kMTiles, kMats>::kCopies; c += kThreads) {
+    StageCopy const s = stage_copy<kMTiles, kMats>(c);
+    std::int64_t const col = k0 + s.col;
+    std::int64_t const row = s.weight ? n0 + s.row : token_row(s.row);
+    bool const valid = col < k && (s.weight ? row < n : row >= 0);
+    std::uint16_t const* wm = w[0];  // w[s.mat], picked without indexing (which would spill w)
+#pragma unroll
+    for (int j = 1; j < kMats; ++j)
+      if (s.mat == j) wm = w[j];
+    std::uint16_t const* const base = s.weight ? wm : parts + s.part * part_stride;
+    copy16(stage + s.smem, valid ? base + row * k + col : w[0], valid);
+  }
+}
+
+/// Grid: x weight-row tiles of kBlockN, y token tiles of 16 kMTiles (strided past gridDim.y).
+template <class Arch, int kMTiles>
+__global__ void __launch_bounds__(kThreads) mma_kernel(Params const p) {
+  __shared__ alignas(16) std::uint16_t smem[2][Tile<kMTiles>::kStageElems];
+  constexpr int kBlockM = Tile<kMTiles>::kBlockM;
+  int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  std::int64_t const n0 = static_cast<std::int64_t>(blockIdx.x) * kBlockN;
+  std::uint16_t const* const w[1] = {p.w};
+  for (std::int64_t m0 = static_cast<std::int64_t>(blockIdx.y) * kBlockM; m0 < p.m;
+       m0 += static_cast<std::int64_t>(gridDim.y) * kBlockM) {
+    auto const token_row = [&](int t) { return m0 + t < p.m ? m0 + t : std::int64_t{-1}; };
+    float acc[1][kMTiles][kNTiles][4];
+    multiply_tiles<kMTiles, 1>(
+        p.k,
+        [&](std::int64_t k0, std::uint16_t* stage) {
+          load_stage<kMTiles, 1>(w, p.n, n0, p.parts, p.m * p.k, token_row, p.k, k0, stage);
+        },
+        smem, acc);
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          std::int64_t const t = m0 + mt * 16 + c_token(lane, r);
+          std::int64_t const o = n0 + warp * 16 + nt * 8 + c_row(lane, r);
+          if (t >= p.m || o >= p.n) continue;
+          float& out = p.y[t * p.ys + o];
+          out = p.accumulate ? acc[0][mt][nt][r] + out : acc[0][mt][nt][r];
+        }
+  }
+}
+
+/// Whether linear of bf16 weights `w` over n_tokens takes this path: enough tokens, and rows
+/// that are whole 16-byte copies from 16-byte aligned memory.
+inline bool usable(WeightView const& w, std::int64_t n_tokens) {
+  return w.format == WeightFormat::kBf16 && n_tokens >= kMinTokens && w.cols % kChunk == 0 &&
+         reinterpret_cast<std::uintptr_t>(w.data) % 16 == 0;
+}
+
+/// Launches split_kernel: x [m, k] (rows xs apart) into parts [kParts][m][k].
+template <class Arch>
+Status split(float const* x, std::int64_t xs, std::int64_t m, std::int64_t k, std::uint16_t* parts,
+             cudaStream_t stream) {
+  std::int64_t const elems = m * k;
+  if (elems == 0) return Status::kSuccess;
+  auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((elems + 255) / 256, 1 << 16));
+  split_kernel<Arch><<<blocks, 256, 0, stream>>>(x, xs, m, k, parts);
+  return cuda::last_launch_status();
+}
+
+/// y = x W^T (+ y) through the split and mma kernels (usable(w, n_tokens) holds).
+template <class Arch>
+Status launch(WeightView const& w, float const* x, std::int64_t xs, std::int64_t n_tokens, float* y, std::int64_t ys,
+              bool accumulate, cudaStream_t stream) {
+  auto* parts = static_cast<std::uint16_t*>(
+      cuda::stream_workspace(stream, static_cast<std::size_t>(kParts * n_tokens * w.cols) * sizeof(std::uint16_t)));
+  if (!parts) return Status::kErrorCuda;
+  if (Status s = split<Arch>(x, xs, n_tokens, w.cols, parts, stream); s != Status::kSuccess) return s;
+  Params const p{static_cast<std::uint16_t const*>(w.data), parts, y, n_tokens, w.rows, w.cols, ys, accumulate};
+  auto const n_tiles = static_cast<unsigned>((w.rows + kBlockN - 1) / kBlockN);
+  auto grid = [&](int block_m) {
+    return dim3(n_tiles, static_cast<unsigned>(std::min<std::int64_t>((n_tokens + block_m - 1) / block_m, 65535)));
+  };
+  // Four m-tiles a CTA once there are tokens for them; one for a few dozen (decode batches).
+  if (n_tokens > 32)
+    mma_kernel<Arch, 4><<<grid(Tile<4>::kBlockM), kThreads, 0, stream>>>(p);
+  else
+    mma_kernel<Arch, 1><<<grid(Tile<1>::kBlockM), kThreads, 0, stream>>>(p);
+  return cuda::last_launch_status();
+}
+
+}  // namespace qflash::kernels::linear_cuda::mma

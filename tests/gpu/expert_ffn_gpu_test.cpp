@@ -2,10 +2,11 @@
 // format the spec compiles, against the CPU twin, over the spec's shapes (or several when they
 // are dynamic): one token and many (tiles of several rows per expert), unused route slots, a
 // shared expert of another width, gate and up in different formats, fused and separate SwiGLU,
-// rows too short for the vector path; bf16 prompts on tensor cores (16-row tiles, the shared
-// expert merged or not); and the launches CUDA refuses (experts not at one stride, LoRA). Tolerance, relative to each token's largest output: fp32 sums in another order
-// and the device's expf in SwiGLU (H200: up to ~1e-4); with block-format rows, an activation a
-// few ulp off can move its 8-bit code by one step, which shifts the whole row (H200: ~1e-3).
+// rows too short for the vector path; bf16 and fp8 prompts on tensor cores (16-row tiles, the
+// shared expert merged or not); and the launches CUDA refuses (experts not at one stride,
+// LoRA). Tolerance, relative to each token's largest output: fp32 sums in another order and
+// the device's expf in SwiGLU (H200: up to ~1e-4); with block-format rows, an activation a few
+// ulp off can move its 8-bit code by one step, which shifts the whole row (H200: ~1e-3).
 #include "gpu/gpu_main.hpp"
 
 #include <algorithm>
@@ -163,7 +164,8 @@ void check_instance() {
       check_case<S, Tag>(c);
       c.tokens = 19, c.fused = false;
       check_case<S, Tag>(c);
-      if (f == WeightFormat::kBf16) {  // tensor cores: the shared expert in its own launches, then merged
+      if (f == WeightFormat::kBf16 || f == WeightFormat::kFp8E4m3) {
+        // Tensor cores: the shared expert in its own launches, then merged.
         c.tokens = 40, c.fused = true;
         check_case<S, Tag>(c);
         c.d_ff_shared = d_ff;

@@ -1,9 +1,9 @@
 // linear on CUDA: every compiled instance (spec x arch) this device runs, every weight format
 // the spec compiles, against the CPU twin and ref::linear: decode and prefill token counts,
 // aligned and unaligned rows (the vector and the scalar path), int4's short last group,
-// strided x and y, accumulate, token tiles past the grid's, bf16's tensor-core tiles, and
-// linear_group's parts. Tolerance: fp32 sums in another order over the same decoded weights
-// and rounded activations.
+// strided x and y, accumulate, token tiles past the grid's, bf16's and fp8's tensor-core
+// tiles, and linear_group's parts. Tolerance: fp32 sums in another order over the same decoded
+// weights and rounded activations.
 #include "gpu/gpu_main.hpp"
 
 #include <cstdint>
@@ -124,10 +124,10 @@ void check_instance() {
       check_case<S, Tag>({f, 300, 512, tokens});
     check_case<S, Tag>({f, 17, 1024, 3, 8, 5, true});  // strided, accumulate
     if (row_fits(f, 200)) check_case<S, Tag>({f, 33, 200, 4, 3, 0, false});  // unaligned rows; int4's short group
-    // bf16 takes the tensor-core path from 16 tokens: one m-tile, then four, with rows, tokens
-    // and columns short of a tile, strided and accumulating.
-    if (row_fits(f, 136)) check_case<S, Tag>({f, 130, 136, 16});
-    if (row_fits(f, 520)) check_case<S, Tag>({f, 70, 520, 33, 4, 3, true});
+    // bf16 and fp8 take the tensor-core path from 16 tokens: one m-tile, then four, with rows,
+    // tokens and columns short of a tile, strided and accumulating.
+    if (row_fits(f, 144)) check_case<S, Tag>({f, 130, 144, 16});
+    if (row_fits(f, 528)) check_case<S, Tag>({f, 70, 528, 33, 4, 3, true});
     check_group<S, Tag>(f);
   }
   if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include "qflash/kernels/linear/mma_tile.hpp"
 #include "qflash/kernels/linear/ref.hpp"
+#include "qflash/numeric/weight_encode.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -61,12 +63,13 @@ void emulate_mma(std::array<Acc, 32>& c, std::array<Regs4, 32> const& a, std::ar
   }
 }
 
-/// The kernel's work, tile by tile on the host: y[j] = x W[j]^T for kMats matrices of one shape.
-template <int kMTiles, int kMats>
-std::array<std::vector<float>, kMats> tiled_linear(std::array<std::vector<std::uint16_t>, kMats> const& w,
-                                                   std::vector<float> const& x, std::int64_t m, std::int64_t n,
-                                                   std::int64_t k) {
-  using T = mma::Tile<kMTiles, kMats>;
+/// The kernel's work, tile by tile on the host: y[j] = x W[j]^T for kMats matrices of one
+/// shape and format (kWBytes: bf16 2, fp8 e4m3 1, whose stage sums take their block's scale).
+template <int kMTiles, int kMats, int kWBytes>
+std::array<std::vector<float>, kMats> tiled_linear(std::array<WeightView, kMats> const& w, std::vector<float> const& x,
+                                                   std::int64_t m) {
+  using T = mma::Tile<kMTiles, kMats, kWBytes>;
+  std::int64_t const n = w[0].rows, k = w[0].cols;
   std::vector<std::uint16_t> parts(static_cast<std::size_t>(mma::kParts * m * k));
   for (std::int64_t i = 0; i < m * k; ++i) {
     std::uint16_t p[mma::kParts];
@@ -75,26 +78,35 @@ std::array<std::vector<float>, kMats> tiled_linear(std::array<std::vector<std::u
   }
   std::array<std::vector<float>, kMats> y;
   for (auto& v : y) v.assign(static_cast<std::size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
-  std::vector<std::uint16_t> stage(T::kStageElems);
+  std::vector<std::uint8_t> stage(T::kStageBytes);
   for (std::int64_t n0 = 0; n0 < n; n0 += mma::kBlockN)
     for (std::int64_t m0 = 0; m0 < m; m0 += T::kBlockM) {
       using WarpAcc = std::array<std::array<std::array<std::array<Acc, mma::kNTiles>, kMTiles>, kMats>, 32>;
-      std::array<WarpAcc, mma::kWarps> acc{};
+      std::array<WarpAcc, mma::kWarps> acc{}, sums{};
       for (std::int64_t k0 = 0; k0 < k; k0 += mma::kBlockK) {
-        std::fill(stage.begin(), stage.end(), std::uint16_t{0xFFFF});  // NaN: a copy that is missed shows
+        std::fill(stage.begin(), stage.end(), std::uint8_t{0xFF});  // NaN: a copy that is missed shows
         for (int c = 0; c < T::kCopies; ++c) {
-          mma::StageCopy const s = mma::stage_copy<kMTiles, kMats>(c);
+          mma::StageCopy const s = mma::stage_copy<kMTiles, kMats, kWBytes>(c);
           std::int64_t const col = k0 + s.col, row = (s.weight ? n0 : m0) + s.row;
           bool const valid = col < k && row < (s.weight ? n : m);
-          std::uint16_t const* src = s.weight ? w[static_cast<std::size_t>(s.mat)].data() : parts.data() + s.part * m * k;
-          for (int e = 0; e < mma::kChunk; ++e)
-            stage[static_cast<std::size_t>(s.smem + e)] = valid ? src[row * k + col + e] : 0;
+          auto const* src = s.weight ? static_cast<std::uint8_t const*>(w[static_cast<std::size_t>(s.mat)].data) +
+                                           (row * k + col) * kWBytes
+                                     : reinterpret_cast<std::uint8_t const*>(parts.data() + s.part * m * k + row * k + col);
+          for (int e = 0; e < mma::kCopyBytes; ++e)
+            stage[static_cast<std::size_t>(s.smem + e)] = valid ? src[e] : std::uint8_t{0};
         }
-        auto word = [&](int i) {
+        auto word = [&](int byte) {
           std::uint32_t v;
-          std::memcpy(&v, stage.data() + 2 * i, 4);
+          std::memcpy(&v, stage.data() + byte, 4);
           return v;
         };
+        auto b_reg = [&](int byte) {
+          if constexpr (kWBytes == 2) return word(byte);
+          std::uint16_t codes;
+          std::memcpy(&codes, stage.data() + byte, 2);
+          return mma::bf16_pair_of_e4m3(codes);
+        };
+        sums = {};
         for (int warp = 0; warp < mma::kWarps; ++warp)
           for (int ks = 0; ks < mma::kBlockK / 16; ++ks)
             for (int j = 0; j < kMats; ++j)
@@ -102,18 +114,29 @@ std::array<std::vector<float>, kMats> tiled_linear(std::array<std::vector<std::u
                 std::array<Regs2, 32> b;
                 for (int lane = 0; lane < 32; ++lane)
                   for (int r = 0; r < 2; ++r)
-                    b[lane][r] = word(mma::b_word(lane, r, j * mma::kBlockN + warp * 16 + nt * 8, ks));
+                    b[lane][r] = b_reg(mma::b_offset<kWBytes>(lane, r, j * mma::kBlockN + warp * 16 + nt * 8, ks));
                 for (int mt = 0; mt < kMTiles; ++mt)
                   for (int part = mma::kParts - 1; part >= 0; --part) {
                     std::array<Regs4, 32> a;
                     for (int lane = 0; lane < 32; ++lane)
-                      for (int r = 0; r < 4; ++r) a[lane][r] = word(mma::a_word<kMTiles, kMats>(lane, r, mt, part, ks));
+                      for (int r = 0; r < 4; ++r)
+                        a[lane][r] = word(4 * mma::a_word<kMTiles, kMats, kWBytes>(lane, r, mt, part, ks));
                     std::array<Acc, 32> c;
-                    for (int lane = 0; lane < 32; ++lane) c[lane] = acc[warp][lane][j][mt][nt];
+                    for (int lane = 0; lane < 32; ++lane) c[lane] = sums[warp][lane][j][mt][nt];
                     emulate_mma(c, a, b);
-                    for (int lane = 0; lane < 32; ++lane) acc[warp][lane][j][mt][nt] = c[lane];
+                    for (int lane = 0; lane < 32; ++lane) sums[warp][lane][j][mt][nt] = c[lane];
                   }
               }
+        for (int warp = 0; warp < mma::kWarps; ++warp)
+          for (int lane = 0; lane < 32; ++lane)
+            for (int j = 0; j < kMats; ++j) {
+              float const s = kWBytes == 1 ? w[static_cast<std::size_t>(j)].scale_row(n0)[k0 / kFp8BlockSize] : 1.0f;
+              for (int mt = 0; mt < kMTiles; ++mt)
+                for (int nt = 0; nt < mma::kNTiles; ++nt)
+                  for (int r = 0; r < 4; ++r)
+                    acc[warp][lane][j][mt][nt][r] =
+                        std::fma(s, sums[warp][lane][j][mt][nt][r], acc[warp][lane][j][mt][nt][r]);
+            }
       }
       for (int warp = 0; warp < mma::kWarps; ++warp)
         for (int lane = 0; lane < 32; ++lane)
@@ -123,31 +146,37 @@ std::array<std::vector<float>, kMats> tiled_linear(std::array<std::vector<std::u
                 for (int r = 0; r < 4; ++r) {
                   std::int64_t const t = m0 + mt * 16 + mma::c_token(lane, r);
                   std::int64_t const o = n0 + warp * 16 + nt * 8 + mma::c_row(lane, r);
-                  if (t < m && o < n) y[static_cast<std::size_t>(j)][static_cast<std::size_t>(t * n + o)] = acc[warp][lane][j][mt][nt][r];
+                  if (t < m && o < n)
+                    y[static_cast<std::size_t>(j)][static_cast<std::size_t>(t * n + o)] = acc[warp][lane][j][mt][nt][r];
                 }
     }
   return y;
 }
 
-template <int kMTiles, int kMats = 1>
+template <int kMTiles, int kMats = 1, WeightFormat kF = WeightFormat::kBf16>
 void check_shape(std::int64_t m, std::int64_t n, std::int64_t k) {
   CAPTURE(kMTiles);
   CAPTURE(kMats);
+  CAPTURE(to_string(kF));
   CAPTURE(m);
   CAPTURE(n);
   CAPTURE(k);
   auto const x = test::random_floats(static_cast<std::size_t>(m * k), 202, -2, 2);
-  std::array<std::vector<std::uint16_t>, kMats> w;
+  std::vector<OwnedMatrix> w;
+  std::array<WeightView, kMats> views;
   for (int j = 0; j < kMats; ++j) {
-    auto const wf = test::random_floats(static_cast<std::size_t>(n * k), 201 + static_cast<unsigned>(j), -1, 1);
-    for (float v : wf) w[static_cast<std::size_t>(j)].push_back(to_bf16(v).bits);
+    // Rows of very different sizes, so that each fp8 block gets its own scale.
+    auto wf = test::random_floats(static_cast<std::size_t>(n * k), 201 + static_cast<unsigned>(j), -1, 1);
+    for (std::int64_t i = 0; i < n * k; ++i) wf[static_cast<std::size_t>(i)] *= static_cast<float>(1 + (i / k) % 5 + i % k / 128);
+    w.push_back(encode_matrix(kF, wf.data(), n, k));
+    views[static_cast<std::size_t>(j)] = w.back().view;
   }
-  auto const got = tiled_linear<kMTiles, kMats>(w, x, m, n, k);
+  auto const got = tiled_linear<kMTiles, kMats, mma::weight_bytes(kF)>(views, x, m);
   for (int j = 0; j < kMats; ++j) {
     CAPTURE(j);
     std::vector<float> want(static_cast<std::size_t>(m * n));
     LinearArgs a{};
-    a.w = WeightView{WeightFormat::kBf16, w[static_cast<std::size_t>(j)].data(), n, k};
+    a.w = views[static_cast<std::size_t>(j)];
     a.x = x.data(), a.y = want.data(), a.n_tokens = m;
     ref::linear(a);
     // fp32 sums of the same products in another order, as linear_gpu_test allows (the split
@@ -175,41 +204,85 @@ TEST_CASE("mma tile: the three bf16 parts of an fp32 sum back to it within 2^-24
   }
 }
 
-TEST_CASE("mma tile: each fragment register's 32 loads fall in 32 banks") {
+TEST_CASE("mma tile: two e4m3 codes widen to the bf16 pair of their values") {
+  for (int lo = 0; lo < 256; ++lo)
+    for (int hi : {0x00, 0x01, 0x38, 0x7E, 0x7F, 0x80, 0xB9, 0xFF, lo}) {
+      CAPTURE(lo);
+      CAPTURE(hi);
+      std::uint32_t const pair = mma::bf16_pair_of_e4m3(static_cast<std::uint16_t>(lo | hi << 8));
+      float const want_lo = to_float(Fp8E4m3{static_cast<std::uint8_t>(lo)});
+      float const want_hi = to_float(Fp8E4m3{static_cast<std::uint8_t>(hi)});
+      float const got_lo = bf16_lo(pair), got_hi = bf16_hi(pair);
+      if (std::isnan(want_lo))
+        CHECK(std::isnan(got_lo));
+      else
+        CHECK(std::bit_cast<std::uint32_t>(got_lo) == std::bit_cast<std::uint32_t>(want_lo));
+      if (std::isnan(want_hi))
+        CHECK(std::isnan(got_hi));
+      else
+        CHECK(std::bit_cast<std::uint32_t>(got_hi) == std::bit_cast<std::uint32_t>(want_hi));
+    }
+}
+
+TEST_CASE("mma tile: each fragment register's 32 loads fall in 32 banks, or share a word") {
+  // Lanes that read one word are served by one access; lanes that read different words of one
+  // bank wait for each other.
+  auto check_banks = [](auto const& byte_of_lane) {
+    std::array<int, 32> word_in_bank;
+    word_in_bank.fill(-1);
+    for (int lane = 0; lane < 32; ++lane) {
+      int const word = byte_of_lane(lane) / 4;
+      int& seen = word_in_bank[static_cast<std::size_t>(word % 32)];
+      CHECK((seen == -1 || seen == word));
+      seen = word;
+    }
+  };
   for (int ks = 0; ks < mma::kBlockK / 16; ++ks) {
     for (int r = 0; r < 4; ++r)
       for (int mt = 0; mt < 4; ++mt)
         for (int p = 0; p < mma::kParts; ++p) {
-          std::array<int, 32> seen{};
-          for (int lane = 0; lane < 32; ++lane) ++seen[static_cast<std::size_t>(mma::a_word<4>(lane, r, mt, p, ks) % 32)];
-          for (int bank = 0; bank < 32; ++bank) CHECK(seen[static_cast<std::size_t>(bank)] == 1);
+          check_banks([&](int lane) { return 4 * mma::a_word<4>(lane, r, mt, p, ks); });
+          check_banks([&](int lane) { return 4 * mma::a_word<4, 2, 1>(lane, r, mt, p, ks); });
         }
     for (int r = 0; r < 2; ++r)
-      for (int n0 = 0; n0 < mma::kBlockN; n0 += 8) {
-        std::array<int, 32> seen{};
-        for (int lane = 0; lane < 32; ++lane) ++seen[static_cast<std::size_t>(mma::b_word(lane, r, n0, ks) % 32)];
-        for (int bank = 0; bank < 32; ++bank) CHECK(seen[static_cast<std::size_t>(bank)] == 1);
+      for (int n0 = 0; n0 < 2 * mma::kBlockN; n0 += 8) {
+        check_banks([&](int lane) { return mma::b_offset<2>(lane, r, n0, ks); });
+        check_banks([&](int lane) { return mma::b_offset<1>(lane, r, n0, ks); });
       }
   }
 }
 
-TEST_CASE("mma tile: the stage copies fill every element the fragments read, once") {
-  auto check = [](auto m_tiles, auto mats) {
-    constexpr int kM = decltype(m_tiles)::value, kMats = decltype(mats)::value;
-    using T = mma::Tile<kM, kMats>;
-    std::vector<int> filled(T::kStageElems, 0);
+TEST_CASE("mma tile: the stage copies fill every byte the fragments read, once") {
+  auto check = [](auto m_tiles, auto mats, auto w_bytes) {
+    constexpr int kM = decltype(m_tiles)::value, kMats = decltype(mats)::value, kWB = decltype(w_bytes)::value;
+    using T = mma::Tile<kM, kMats, kWB>;
+    CAPTURE(kM);
+    CAPTURE(kMats);
+    CAPTURE(kWB);
+    std::vector<int> filled(T::kStageBytes, 0);
     for (int c = 0; c < T::kCopies; ++c) {
-      mma::StageCopy const s = mma::stage_copy<kM, kMats>(c);
-      CHECK(s.smem % mma::kChunk == 0);  // 16-byte aligned destinations
-      for (int e = 0; e < mma::kChunk; ++e) ++filled[static_cast<std::size_t>(s.smem + e)];
+      mma::StageCopy const s = mma::stage_copy<kM, kMats, kWB>(c);
+      CHECK(s.smem % mma::kCopyBytes == 0);  // 16-byte aligned destinations
+      for (int e = 0; e < mma::kCopyBytes; ++e) ++filled[static_cast<std::size_t>(s.smem + e)];
     }
-    for (int row = 0; row < T::kWRows + T::kARows; ++row)
-      for (int col = 0; col < mma::kLd; ++col)
-        CHECK(filled[static_cast<std::size_t>(row * mma::kLd + col)] == (col < mma::kBlockK ? 1 : 0));
+    int const w_row = mma::kWLd<kWB>, a_row = mma::kLd * 2;
+    for (int b = 0; b < T::kStageBytes; ++b) {
+      CAPTURE(b);
+      bool const data = b < T::kABase ? b % w_row < mma::kBlockK * kWB : (b - T::kABase) % a_row < mma::kBlockK * 2;
+      CHECK(filled[static_cast<std::size_t>(b)] == (data ? 1 : 0));
+    }
+    CHECK(T::kStageBytes == T::kABase + T::kARows * a_row);
+    CHECK(2 * T::kStageBytes <= 48 * 1024);  // static shared memory
   };
-  check(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
-  check(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{});
-  check(std::integral_constant<int, 1>{}, std::integral_constant<int, 2>{});
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  check(One{}, One{}, Two{});
+  check(Four{}, One{}, Two{});
+  check(One{}, Two{}, Two{});
+  check(One{}, One{}, One{});
+  check(Four{}, One{}, One{});
+  check(One{}, Two{}, One{});
 }
 
 TEST_CASE("mma tile: the tiles' products equal ref::linear") {
@@ -224,4 +297,8 @@ TEST_CASE("mma tile: the tiles' products equal ref::linear") {
   // Two matrices a stage (the experts' gate and up).
   check_shape<1, 2>(16, 64, 64);
   check_shape<1, 2>(11, 100, 72);
+  // fp8 e4m3: rows and columns across several 128 x 128 scale blocks, and short of one.
+  check_shape<4, 1, WeightFormat::kFp8E4m3>(70, 300, 400);
+  check_shape<1, 1, WeightFormat::kFp8E4m3>(16, 64, 16);
+  check_shape<1, 2, WeightFormat::kFp8E4m3>(20, 200, 272);
 }

@@ -12,8 +12,8 @@
 ///  5. combine: out[t] += w_j y[row of slot j] in slot order, then the shared expert's.
 /// Steps 3 and 4 serve the shared expert in the same launches when it has the routed experts'
 /// formats and shapes (its tiles, expert -1, lead the list); else it has its own, first.
-/// With bf16 weights and rows enough for them (prefill), tiles hold up to 16 rows and steps 2
-/// to 4 run on tensor cores (expert_mma_kernel, over linear/mma.cuh's tiles): the tokens and
+/// With bf16 or fp8 weights and rows enough for them (prefill), tiles hold up to 16 rows and
+/// steps 2 to 4 run on tensor cores (expert_mma_kernel, over linear/mma.cuh's tiles): the tokens and
 /// then the SwiGLU outputs are split into bf16 parts, gate and up share each stage of a CTA.
 /// Each row's sums do not depend on which rows share its tile, so results are deterministic
 /// though the rows within an expert come in the order atomics give them.
@@ -185,12 +185,12 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
   }
 }
 
-/// Steps 3 and 4 on tensor cores (bf16 weights; linear/mma.cuh): gate and up together
+/// Steps 3 and 4 on tensor cores (bf16 or fp8 weights; linear/mma.cuh): gate and up together
 /// (kMats 2, y = silu(gate x) * (up x)), or down (kMats 1, y = down x), for tiles of at most
 /// 16 rows of one expert. The inputs are split into bf16 parts first (linear's split_kernel).
 struct MmaParams {
-  StackedView w[2];         ///< gate and up, or down
-  StackedView shared_w[2];  ///< the shared expert's, for tiles of expert -1
+  StackedView w[2];         ///< gate and up, or down: one format
+  StackedView shared_w[2];  ///< the shared expert's, for tiles of expert -1 (w's format and shape)
   Tile const* tiles;        ///< as ProjectParams::tiles
   int const* tile_count;
   int dense_rows;
@@ -203,10 +203,10 @@ struct MmaParams {
 };
 
 /// Grid: x output rows by mma::kBlockN, y tiles (strided).
-template <class Arch, int kMats>
+template <class Arch, int kMats, int kWBytes>
 __global__ void __launch_bounds__(linear_cuda::mma::kThreads) expert_mma_kernel(MmaParams const p) {
   namespace mma = linear_cuda::mma;
-  __shared__ alignas(16) std::uint16_t smem[2][mma::Tile<1, kMats>::kStageElems];
+  __shared__ alignas(16) std::uint8_t smem[2][mma::Tile<1, kMats, kWBytes>::kStageBytes];
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   std::int64_t const rows = p.w[0].first.rows, k = p.w[0].first.cols;
   std::int64_t const n0 = static_cast<std::int64_t>(blockIdx.x) * mma::kBlockN;
@@ -214,22 +214,29 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads) expert_mma_kernel(
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
     Tile const tile = p.tiles ? p.tiles[i] : Tile{0, i * 16, min(16, p.dense_rows - i * 16)};
     bool const is_shared = tile.expert < 0;
-    std::uint16_t const* w[kMats];
+    std::uint8_t const* w[kMats];
+    float const* scales[kMats];
 #pragma unroll
-    for (int j = 0; j < kMats; ++j)
-      w[j] = static_cast<std::uint16_t const*>((is_shared ? p.shared_w[j] : p.w[j]).at(is_shared ? 0 : tile.expert).data);
+    for (int j = 0; j < kMats; ++j) {
+      WeightView const v = (is_shared ? p.shared_w[j] : p.w[j]).at(is_shared ? 0 : tile.expert);
+      w[j] = static_cast<std::uint8_t const*>(v.data);
+      scales[j] = kWBytes == 1 ? v.scale_row(n0) : nullptr;
+    }
+    auto const scale = [&](int j, std::int64_t k0) {
+      return (kMats == 1 || j == 0 ? scales[0] : scales[kMats - 1])[k0 / kFp8BlockSize];
+    };
     auto const token_row = [&](int t) -> std::int64_t {
       if (t >= tile.n) return -1;
       int const row = tile.row + t;
       return p.row_token ? p.row_token[row] : row - p.part_row0;
     };
     float acc[kMats][1][mma::kNTiles][4];
-    mma::multiply_tiles<1, kMats>(
+    mma::multiply_tiles<1, kMats, kWBytes>(
         k,
-        [&](std::int64_t k0, std::uint16_t* stage) {
-          mma::load_stage<1, kMats>(w, rows, n0, p.parts, p.part_stride, token_row, k, k0, stage);
+        [&](std::int64_t k0, std::uint8_t* stage) {
+          mma::load_stage<1, kMats, kWBytes>(w, rows, n0, p.parts, p.part_stride, token_row, k, k0, stage);
         },
-        smem, acc);
+        scale, smem, acc);
 #pragma unroll
     for (int nt = 0; nt < mma::kNTiles; ++nt)
 #pragma unroll
@@ -243,14 +250,20 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads) expert_mma_kernel(
   }
 }
 
-/// Launches expert_mma_kernel over at most max_tiles tiles.
-template <class Arch, int kMats>
+/// Launches expert_mma_kernel over at most max_tiles tiles, for the format of p.w.
+template <class Arch, MoeSpec S, int kMats>
 Status project_mma(MmaParams const& p, std::int64_t max_tiles, cudaStream_t stream) {
   namespace mma = linear_cuda::mma;
   dim3 const grid(static_cast<unsigned>((p.w[0].first.rows + mma::kBlockN - 1) / mma::kBlockN),
                   static_cast<unsigned>(std::clamp<std::int64_t>(max_tiles, 1, kMaxTileBlocks)));
-  expert_mma_kernel<Arch, kMats><<<grid, mma::kThreads, 0, stream>>>(p);
-  return cuda::last_launch_status();
+  return linear_cuda::with_format<S>(p.w[0].first.format, [&]<WeightFormat kF>() {
+    if constexpr (mma::weight_bytes(kF) > 0) {
+      expert_mma_kernel<Arch, kMats, mma::weight_bytes(kF)><<<grid, mma::kThreads, 0, stream>>>(p);
+      return cuda::last_launch_status();
+    } else {
+      return Status::kErrorNotSupported;
+    }
+  });
 }
 
 /// Step 5: one thread per output value.
@@ -365,16 +378,17 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   };
   bool const merged = shared && same(shared->gate, routed.gate) && same(shared->up, routed.up) &&
                       same(shared->down, routed.down);
-  // Tensor cores when every weight is bf16 in whole 16-byte rows and the experts have rows
-  // for their 16-row tiles: four a used expert on average.
+  // Tensor cores when every expert's weights can be staged (bf16 or fp8; gate and up in one
+  // format) and the experts have rows for their 16-row tiles: four a used expert on average.
   auto mma_ready = [](StackedView const& w) {
-    return w.first.format == WeightFormat::kBf16 && w.first.cols % linear_cuda::mma::kChunk == 0 &&
-           reinterpret_cast<std::uintptr_t>(w.first.data) % 16 == 0 && w.data_stride % 16 == 0;
+    return linear_cuda::mma::stageable(w.first) && w.data_stride % 16 == 0 &&
+           w.row0_stride % linear_cuda::mma::kBlockN == 0;
   };
   bool const use_mma =
       a.fused_swiglu && a.n_tokens >= linear_cuda::mma::kMinTokens && n_slots >= 4 * std::min(n_expert, n_slots) &&
       std::all_of(sets.begin(), sets.end(), [&](Set const* set) {
-        return !set || (mma_ready(set->gate) && mma_ready(set->up) && mma_ready(set->down));
+        return !set || (set->gate.first.format == set->up.first.format && mma_ready(set->gate) &&
+                        mma_ready(set->up) && mma_ready(set->down));
       });
   int const tile_rows = use_mma ? 16 : kTokens;
   std::int64_t const max_tiles = (n_slots + tile_rows - 1) / tile_rows + std::min(n_expert, n_slots);
@@ -457,7 +471,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       p.row_token = row_token;
       p.parts = x_parts, p.part_stride = a.n_tokens * d_model;
       p.y = act, p.ys = d_ff_max;
-      if (Status st = project_mma<Arch, 2>(p, g.tiles, stream); st != Status::kSuccess) return st;
+      if (Status st = project_mma<Arch, S, 2>(p, g.tiles, stream); st != Status::kSuccess) return st;
       if (Status st = linear_cuda::mma::split<Arch>(act + g.row0 * d_ff_max, d_ff_max, g.rows, d_ff, act_parts, stream);
           st != Status::kSuccess)
         return st;
@@ -466,7 +480,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       p.row_token = nullptr, p.part_row0 = g.row0;
       p.parts = act_parts, p.part_stride = g.rows * d_ff;
       p.y = y, p.ys = d_model;
-      if (Status st = project_mma<Arch, 1>(p, g.tiles, stream); st != Status::kSuccess) return st;
+      if (Status st = project_mma<Arch, S, 1>(p, g.tiles, stream); st != Status::kSuccess) return st;
     }
     return Status::kSuccess;
   };

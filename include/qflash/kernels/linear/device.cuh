@@ -1,5 +1,5 @@
 /// @file
-/// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh. bf16 weights over
+/// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh. bf16 and fp8 weights over
 /// mma::kMinTokens tokens or more take the tensor-core path (mma.cuh); the rest this plain
 /// GEMV/GEMM. A warp owns kRows output rows and a tile of kTokens tokens, so each weight is
 /// read once per tile; the lanes share each stretch of a row and the warp sums. Sums are
@@ -322,8 +322,9 @@ Status launch_format(Params p, cudaStream_t stream) {
   dim3 const grid(static_cast<unsigned>((p.w.rows + kWarps * kRows - 1) / (kWarps * kRows)),
                   static_cast<unsigned>(std::min<std::int64_t>((p.n_tokens + kTokens - 1) / kTokens, kMaxTokenTiles)));
   if constexpr (block_values(kF) == 1) {
-    if (kF == WeightFormat::kBf16 && mma::usable(p.w, p.n_tokens))
-      return mma::launch<Arch>(p.w, p.x, p.xs, p.n_tokens, p.y, p.ys, p.accumulate, stream);
+    if constexpr (mma::weight_bytes(kF) > 0)
+      if (mma::usable(p.w, p.n_tokens))
+        return mma::launch<Arch, mma::weight_bytes(kF)>(p.w, p.x, p.xs, p.n_tokens, p.y, p.ys, p.accumulate, stream);
     if (vector_path(p.w, p.x, p.xs))
       linear_kernel<Arch, kF, true><<<grid, kThreads, 0, stream>>>(p);
     else

@@ -1,6 +1,6 @@
 /// @file
-/// linear's tensor-core path for bf16 weights on sm_80 and sm_90a (mma.sync; the geometry and
-/// its reasons: mma_tile.hpp). Taken for kMinTokens tokens or more (prefill, many sequences):
+/// linear's tensor-core path for bf16 and fp8 e4m3 weights on sm_80 and sm_90a (mma.sync; the
+/// geometry and its reasons: mma_tile.hpp). Taken for kMinTokens tokens or more (prefill, many sequences):
 /// 1. split_kernel writes the activations' three bf16 parts into the stream's workspace,
 ///    [kParts][n_tokens][cols];
 /// 2. mma_kernel stages weight and part tiles through shared memory with cp.async (two stages:
@@ -21,10 +21,10 @@
 namespace qflash::kernels::linear_cuda::mma {
 
 struct Params {
-  std::uint16_t const* w;      // [n, k] bf16
+  WeightView w;                // [n, k] bf16 or fp8 e4m3 (and its scales)
   std::uint16_t const* parts;  // [kParts][m, k] bf16
   float* y;                    // [m, ys]
-  std::int64_t m, n, k, ys;
+  std::int64_t m, ys;
   bool accumulate;
 };
 
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(256) split_kernel(float const* x, std::int64_t
   }
 }
 
-__device__ __forceinline__ void copy16(std::uint16_t* smem, void const* src, bool valid) {
+__device__ __forceinline__ void copy16(std::uint8_t* smem, void const* src, bool valid) {
   auto const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   // src-size 0 fills the 16 bytes with zeros and reads nothing.
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
@@ -65,8 +65,8 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], std::uint32_t const (&a)
 
 /// The warp's products of one stage: acc[j][mt][nt] += the tile's activations (every part, lo
 /// first) times matrix j's n-tile nt, over the stage's kBlockK columns.
-template <int kMTiles, int kMats>
-__device__ __forceinline__ void multiply_stage(std::uint16_t const* stage, int lane, int warp,
+template <int kMTiles, int kMats, int kWBytes>
+__device__ __forceinline__ void multiply_stage(std::uint8_t const* stage, int lane, int warp,
                                                float (&acc)[kMats][kMTiles][kNTiles][4]) {
   auto const* words = reinterpret_cast<std::uint32_t const*>(stage);
 #pragma unroll
@@ -77,14 +77,20 @@ __device__ __forceinline__ void multiply_stage(std::uint16_t const* stage, int l
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) b[j][nt][r] = words[b_word(lane, r, j * kBlockN + warp * 16 + nt * 8, ks)];
+        for (int r = 0; r < 2; ++r) {
+          int const at = b_offset<kWBytes>(lane, r, j * kBlockN + warp * 16 + nt * 8, ks);
+          if constexpr (kWBytes == 2)
+            b[j][nt][r] = words[at / 4];
+          else
+            b[j][nt][r] = bf16_pair_of_e4m3(*reinterpret_cast<std::uint16_t const*>(stage + at));
+        }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int part = kParts - 1; part >= 0; --part) {
         std::uint32_t a[4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) a[r] = words[a_word<kMTiles, kMats>(lane, r, mt, part, ks)];
+        for (int r = 0; r < 4; ++r) a[r] = words[a_word<kMTiles, kMats, kWBytes>(lane, r, mt, part, ks)];
 #pragma unroll
         for (int j = 0; j < kMats; ++j)
 #pragma unroll
@@ -93,13 +99,8 @@ __device__ __forceinline__ void multiply_stage(std::uint16_t const* stage, int l
   }
 }
 
-/// A CTA's products over k columns into acc (zeroed first), through two stages of `smem`:
-/// load(k0, stage) queues the copies of columns [k0, k0 + kBlockK) into a stage.
-template <int kMTiles, int kMats, class Load>
-__device__ __forceinline__ void multiply_tiles(std::int64_t k, Load const& load,
-                                               std::uint16_t (&smem)[2][Tile<kMTiles, kMats>::kStageElems],
-                                               float (&acc)[kMats][kMTiles][kNTiles][4]) {
-  int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+template <int kMTiles, int kMats>
+__device__ __forceinline__ void zero(float (&acc)[kMats][kMTiles][kNTiles][4]) {
 #pragma unroll
   for (int j = 0; j < kMats; ++j)
 #pragma unroll
@@ -108,6 +109,18 @@ __device__ __forceinline__ void multiply_tiles(std::int64_t k, Load const& load,
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[j][mt][nt][r] = 0.0f;
+}
+
+/// A CTA's products over k columns into acc, through two stages of `smem`: load(k0, stage)
+/// queues the copies of columns [k0, k0 + kBlockK) into a stage. fp8 weights (kWBytes 1): each
+/// stage's sums are multiplied by scale(j, k0), matrix j's block scale for the CTA's rows and
+/// those columns (a stage lies in one 128 x 128 block), and added to acc.
+template <int kMTiles, int kMats, int kWBytes, class Load, class Scale>
+__device__ __forceinline__ void multiply_tiles(std::int64_t k, Load const& load, Scale const& scale,
+                                               std::uint8_t (&smem)[2][Tile<kMTiles, kMats, kWBytes>::kStageBytes],
+                                               float (&acc)[kMats][kMTiles][kNTiles][4]) {
+  int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  zero(acc);
   std::int64_t const k_tiles = (k + kBlockK - 1) / kBlockK;
   load(0, smem[0]);
   copy_commit();
@@ -120,52 +133,77 @@ __device__ __forceinline__ void multiply_tiles(std::int64_t k, Load const& load,
       copy_wait<0>();
     }
     __syncthreads();
-    multiply_stage<kMTiles, kMats>(smem[kt % 2], lane, warp, acc);
+    if constexpr (kWBytes == 2) {
+      multiply_stage<kMTiles, kMats, kWBytes>(smem[kt % 2], lane, warp, acc);
+    } else {
+      float sums[kMats][kMTiles][kNTiles][4];
+      zero(sums);
+      multiply_stage<kMTiles, kMats, kWBytes>(smem[kt % 2], lane, warp, sums);
+#pragma unroll
+      for (int j = 0; j < kMats; ++j) {
+        float const s = scale(j, kt * kBlockK);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[j][mt][nt][r] = fmaf(s, sums[j][mt][nt][r], acc[j][mt][nt][r]);
+      }
+    }
     __syncthreads();  // the stage is refilled next
   }
 }
 
 /// Queues the copies of columns [k0, k0 + kBlockK) of a stage: weight matrix j's rows
-/// [n0, n0 + kBlockN) from w[j] (rows k apart), and the activation rows that token_row gives
-/// for the tile's tokens (-1: none) from parts (part p's rows at p part_stride). Rows and
-/// columns past the matrices are zeros.
-template <int kMTiles, int kMats, class TokenRow>
-__device__ __forceinline__ void load_stage(std::uint16_t const* const (&w)[kMats], std::int64_t n, std::int64_t n0,
+/// [n0, n0 + kBlockN) from w[j] (rows k values apart), and the activation rows that token_row
+/// gives for the tile's tokens (-1: none) from parts (part p's rows at p part_stride). Rows
+/// and columns past the matrices are zeros.
+template <int kMTiles, int kMats, int kWBytes, class TokenRow>
+__device__ __forceinline__ void load_stage(std::uint8_t const* const (&w)[kMats], std::int64_t n, std::int64_t n0,
                                            std::uint16_t const* parts, std::int64_t part_stride,
                                            TokenRow const& token_row, std::int64_t k, std::int64_t k0,
-                                           std::uint16_t* stage) {
-  for (int c = static_cast<int>(threadIdx.x); c < Tile<kMTiles, kMats>::kCopies; c += kThreads) {
-    StageCopy const s = stage_copy<kMTiles, kMats>(c);
+                                           std::uint8_t* stage) {
+  for (int c = static_cast<int>(threadIdx.x); c < Tile<kMTiles, kMats, kWBytes>::kCopies; c += kThreads) {
+    StageCopy const s = stage_copy<kMTiles, kMats, kWBytes>(c);
     std::int64_t const col = k0 + s.col;
-    std::int64_t const row = s.weight ? n0 + s.row : token_row(s.row);
-    bool const valid = col < k && (s.weight ? row < n : row >= 0);
-    std::uint16_t const* wm = w[0];  // w[s.mat], picked without indexing (which would spill w)
+    void const* src = w[0];  // any readable address when the copy is all zeros
+    if (s.weight) {
+      std::uint8_t const* wm = w[0];  // w[s.mat], picked without indexing (which would spill w)
 #pragma unroll
-    for (int j = 1; j < kMats; ++j)
-      if (s.mat == j) wm = w[j];
-    std::uint16_t const* const base = s.weight ? wm : parts + s.part * part_stride;
-    copy16(stage + s.smem, valid ? base + row * k + col : w[0], valid);
+      for (int j = 1; j < kMats; ++j)
+        if (s.mat == j) wm = w[j];
+      std::int64_t const row = n0 + s.row;
+      if (col < k && row < n) src = wm + (row * k + col) * kWBytes;
+      copy16(stage + s.smem, src, col < k && row < n);
+    } else {
+      std::int64_t const row = token_row(s.row);
+      if (col < k && row >= 0) src = parts + s.part * part_stride + row * k + col;
+      copy16(stage + s.smem, src, col < k && row >= 0);
+    }
   }
 }
 
 /// Grid: x weight-row tiles of kBlockN, y token tiles of 16 kMTiles (strided past gridDim.y).
-template <class Arch, int kMTiles>
+template <class Arch, int kMTiles, int kWBytes>
 __global__ void __launch_bounds__(kThreads) mma_kernel(Params const p) {
-  __shared__ alignas(16) std::uint16_t smem[2][Tile<kMTiles>::kStageElems];
-  constexpr int kBlockM = Tile<kMTiles>::kBlockM;
+  __shared__ alignas(16) std::uint8_t smem[2][Tile<kMTiles, 1, kWBytes>::kStageBytes];
+  constexpr int kBlockM = Tile<kMTiles, 1, kWBytes>::kBlockM;
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  std::int64_t const n = p.w.rows, k = p.w.cols;
   std::int64_t const n0 = static_cast<std::int64_t>(blockIdx.x) * kBlockN;
-  std::uint16_t const* const w[1] = {p.w};
+  std::uint8_t const* const w[1] = {static_cast<std::uint8_t const*>(p.w.data)};
+  float const* const scales = kWBytes == 1 ? p.w.scale_row(n0) : nullptr;
+  auto const scale = [&](int, std::int64_t k0) { return scales[k0 / kFp8BlockSize]; };
   for (std::int64_t m0 = static_cast<std::int64_t>(blockIdx.y) * kBlockM; m0 < p.m;
        m0 += static_cast<std::int64_t>(gridDim.y) * kBlockM) {
     auto const token_row = [&](int t) { return m0 + t < p.m ? m0 + t : std::int64_t{-1}; };
     float acc[1][kMTiles][kNTiles][4];
-    multiply_tiles<kMTiles, 1>(
-        p.k,
-        [&](std::int64_t k0, std::uint16_t* stage) {
-          load_stage<kMTiles, 1>(w, p.n, n0, p.parts, p.m * p.k, token_row, p.k, k0, stage);
+    multiply_tiles<kMTiles, 1, kWBytes>(
+        k,
+        [&](std::int64_t k0, std::uint8_t* stage) {
+          load_stage<kMTiles, 1, kWBytes>(w, n, n0, p.parts, p.m * k, token_row, k, k0, stage);
         },
-        smem, acc);
+        scale, smem, acc);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -174,19 +212,15 @@ __global__ void __launch_bounds__(kThreads) mma_kernel(Params const p) {
         for (int r = 0; r < 4; ++r) {
           std::int64_t const t = m0 + mt * 16 + c_token(lane, r);
           std::int64_t const o = n0 + warp * 16 + nt * 8 + c_row(lane, r);
-          if (t >= p.m || o >= p.n) continue;
+          if (t >= p.m || o >= n) continue;
           float& out = p.y[t * p.ys + o];
           out = p.accumulate ? acc[0][mt][nt][r] + out : acc[0][mt][nt][r];
         }
   }
 }
 
-/// Whether linear of bf16 weights `w` over n_tokens takes this path: enough tokens, and rows
-/// that are whole 16-byte copies from 16-byte aligned memory.
-inline bool usable(WeightView const& w, std::int64_t n_tokens) {
-  return w.format == WeightFormat::kBf16 && n_tokens >= kMinTokens && w.cols % kChunk == 0 &&
-         reinterpret_cast<std::uintptr_t>(w.data) % 16 == 0;
-}
+/// Whether linear of `w` over n_tokens takes this path.
+inline bool usable(WeightView const& w, std::int64_t n_tokens) { return n_tokens >= kMinTokens && stageable(w); }
 
 /// Launches split_kernel: x [m, k] (rows xs apart) into parts [kParts][m][k].
 template <class Arch>
@@ -199,24 +233,25 @@ Status split(float const* x, std::int64_t xs, std::int64_t m, std::int64_t k, st
   return cuda::last_launch_status();
 }
 
-/// y = x W^T (+ y) through the split and mma kernels (usable(w, n_tokens) holds).
-template <class Arch>
+/// y = x W^T (+ y) through the split and mma kernels for kWBytes-byte weights
+/// (usable(w, n_tokens) holds).
+template <class Arch, int kWBytes>
 Status launch(WeightView const& w, float const* x, std::int64_t xs, std::int64_t n_tokens, float* y, std::int64_t ys,
               bool accumulate, cudaStream_t stream) {
   auto* parts = static_cast<std::uint16_t*>(
       cuda::stream_workspace(stream, static_cast<std::size_t>(kParts * n_tokens * w.cols) * sizeof(std::uint16_t)));
   if (!parts) return Status::kErrorCuda;
   if (Status s = split<Arch>(x, xs, n_tokens, w.cols, parts, stream); s != Status::kSuccess) return s;
-  Params const p{static_cast<std::uint16_t const*>(w.data), parts, y, n_tokens, w.rows, w.cols, ys, accumulate};
+  Params const p{w, parts, y, n_tokens, ys, accumulate};
   auto const n_tiles = static_cast<unsigned>((w.rows + kBlockN - 1) / kBlockN);
   auto grid = [&](int block_m) {
     return dim3(n_tiles, static_cast<unsigned>(std::min<std::int64_t>((n_tokens + block_m - 1) / block_m, 65535)));
   };
   // Four m-tiles a CTA once there are tokens for them; one for a few dozen (decode batches).
   if (n_tokens > 32)
-    mma_kernel<Arch, 4><<<grid(Tile<4>::kBlockM), kThreads, 0, stream>>>(p);
+    mma_kernel<Arch, 4, kWBytes><<<grid(16 * 4), kThreads, 0, stream>>>(p);
   else
-    mma_kernel<Arch, 1><<<grid(Tile<1>::kBlockM), kThreads, 0, stream>>>(p);
+    mma_kernel<Arch, 1, kWBytes><<<grid(16), kThreads, 0, stream>>>(p);
   return cuda::last_launch_status();
 }
 

@@ -72,11 +72,14 @@ void check_case(Case const& c) {
   CHECK_MESSAGE(vs_ref.ok, "GPU vs ref: ", vs_ref.report);
 }
 
-/// linear_group: three parts of one input (one accumulating at a stride) against the CPU's.
+/// linear_group: three parts of one input (one accumulating at a stride) against the CPU's;
+/// part 1 in format f1 (one launch when the parts share a format and take the GEMV path).
 template <MoeSpec S, class Tag>
-void check_group(WeightFormat f) {
+void check_group(WeightFormat f, std::int64_t tokens, WeightFormat f1) {
   CAPTURE(to_string(f));
-  std::int64_t const cols = 512, tokens = 5, rows[] = {300, 17, 70};
+  CAPTURE(to_string(f1));
+  CAPTURE(tokens);
+  std::int64_t const cols = 512, rows[] = {300, 17, 70};
   auto const x = test::random_floats(static_cast<std::size_t>(tokens * cols), 111, -2, 2);
   std::vector<OwnedMatrix> m;
   std::deque<DeviceArray<std::byte>> bytes;  // deque: its elements never move
@@ -88,7 +91,8 @@ void check_group(WeightFormat f) {
   on_cpu.n_parts = on_gpu.n_parts = 3;
   for (std::size_t i = 0; i < 3; ++i) {
     auto const w = test::random_floats(static_cast<std::size_t>(rows[i] * cols), 112 + static_cast<unsigned>(i), -1, 1);
-    m.push_back(encode_matrix(f, w.data(), rows[i], cols));
+    WeightFormat const fi = i == 1 ? f1 : f;
+    m.push_back(encode_matrix(fi, w.data(), rows[i], cols));
     bytes.emplace_back(m.back().bytes);
     scales.emplace_back(m.back().scales);
     std::int64_t const ys = i == 1 ? rows[i] + 3 : rows[i];
@@ -99,7 +103,7 @@ void check_group(WeightFormat f) {
     a.accumulate = i == 1;
     on_cpu.parts[i] = a;
     a.w.data = bytes.back().get();
-    a.w.scales = f == WeightFormat::kFp8E4m3 ? scales.back().get() : nullptr;
+    a.w.scales = fi == WeightFormat::kFp8E4m3 ? scales.back().get() : nullptr;
     a.x = dx.get(), a.y = dy.back().get();
     on_gpu.parts[i] = a;
   }
@@ -128,8 +132,10 @@ void check_instance() {
     // tokens and columns short of a tile, strided and accumulating.
     if (row_fits(f, 144)) check_case<S, Tag>({f, 130, 144, 16});
     if (row_fits(f, 528)) check_case<S, Tag>({f, 70, 528, 33, 4, 3, true});
-    check_group<S, Tag>(f);
+    check_group<S, Tag>(f, 5, f);   // one launch
+    check_group<S, Tag>(f, 20, f);  // bf16, fp8: a tensor-core launch per part
   }
+  if constexpr (S.weights == WeightFormat::kAny) check_group<S, Tag>(WeightFormat::kBf16, 5, WeightFormat::kQ8_0);
   if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32)
     check_case<S, Tag>({WeightFormat::kF32, 8, 32, 300000});  // token tiles past the grid's
 }

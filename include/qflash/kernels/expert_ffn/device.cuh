@@ -502,9 +502,11 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
                                                        ws.at<float>(xr_at[r]), d_model, stream);
             st != Status::kSuccess)
           return st;
-    // Unused routed rows stay zero for the rounding of step 4.
-    if (cudaMemsetAsync(act, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
-      return Status::kErrorCuda;
+    // Unused routed rows stay zero for the rounding of step 4 (block formats' down reads them
+    // rounded; other formats read only the rows of tiles).
+    if (act_rounded[1] || act_rounded[2])
+      if (cudaMemsetAsync(act, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
+        return Status::kErrorCuda;
     // 3. and 4., per group.
     for (int gi = 0; gi < n_groups; ++gi) {
       Group const& g = groups[gi];

@@ -210,11 +210,13 @@ __device__ __forceinline__ void store(Params const& p, std::int64_t t, std::int6
   out = p.accumulate ? v + out : v;
 }
 
-/// Grid: x rows by kWarps * kRows, y token tiles (strided). Block formats read p.x rounded.
-template <class Arch, WeightFormat kF, bool kAligned>
-__global__ void __launch_bounds__(kThreads) linear_kernel(Params const p) {
+/// Rows [o0, o0 + kRows) of p, o0 from the CTA's index among p's CTAs (`block`), for every
+/// token tile of the CTA's column (blockIdx.y, strided): linear_kernel's body, and each part's
+/// in linear_group_kernel. Block formats read p.x rounded.
+template <WeightFormat kF, bool kAligned>
+__device__ __forceinline__ void linear_rows(Params const& p, std::int64_t block) {
   int const lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const o0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kRows;
+  std::int64_t const o0 = (block * kWarps + threadIdx.x / 32) * kRows;
   if (o0 >= p.w.rows) return;
   RowRef rows[kRows];
 #pragma unroll
@@ -235,6 +237,29 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(Params const p) {
         if (lane == 0 && tt < nt && o0 + r < p.w.rows) store(p, t0 + tt, o0 + r, s);
       }
   }
+}
+
+/// Grid: x rows by kWarps * kRows, y token tiles (strided).
+template <class Arch, WeightFormat kF, bool kAligned>
+__global__ void __launch_bounds__(kThreads) linear_kernel(Params const p) {
+  linear_rows<kF, kAligned>(p, blockIdx.x);
+}
+
+/// Projections of one input in one launch (kernels/linear_group): parts of one format, sharing
+/// x, xs and n_tokens; part i owns the CTAs from first_block[i] on.
+struct GroupParams {
+  static constexpr int kMaxParts = 4;
+  Params part[kMaxParts];
+  unsigned first_block[kMaxParts];
+  int n_parts;
+};
+
+/// Grid: x every part's rows by kWarps * kRows, one part after another; y token tiles.
+template <class Arch, WeightFormat kF, bool kAligned>
+__global__ void __launch_bounds__(kThreads) linear_group_kernel(__grid_constant__ GroupParams const g) {
+  int i = 0;
+  while (i + 1 < g.n_parts && blockIdx.x >= g.first_block[i + 1]) ++i;
+  linear_rows<kF, kAligned>(g.part[i], blockIdx.x - g.first_block[i]);
 }
 
 /// How a weight format's activations are rounded before its products (ref::round_activations).
@@ -367,13 +392,18 @@ Status with_format(WeightFormat format, F&& f) {
   return Status::kErrorNotSupported;
 }
 
+/// The kernels' parameters for a call (strides defaulted).
+inline Params params_of(LinearArgs const& a) {
+  return {a.w, a.x, a.y, a.n_tokens, a.x_stride ? a.x_stride : a.w.cols, a.y_stride ? a.y_stride : a.w.rows,
+          a.accumulate};
+}
+
 /// The body of `launch_linear<S>(Arch, args, stream)` for a CUDA arch tag.
 template <class Arch, MoeSpec S>
 Status launch(LinearArgs const& a, stream_t stream) {
   if (Status s = can_implement_linear<S>(a); s != Status::kSuccess) return s;
   if (a.n_tokens == 0) return Status::kSuccess;
-  Params const p{a.w, a.x, a.y, a.n_tokens, a.x_stride ? a.x_stride : a.w.cols, a.y_stride ? a.y_stride : a.w.rows,
-                 a.accumulate};
+  Params const p = params_of(a);
   return with_format<S>(a.w.format,
                         [&]<WeightFormat kF>() { return launch_format<Arch, kF>(p, static_cast<cudaStream_t>(stream)); });
 }

@@ -5,8 +5,9 @@
 /// width, and no part's output overlaps another's or x. Each part's results equal
 /// launch_linear's for it alone, bit for bit.
 /// CPU: one parallel region over every part's rows, the activations quantized once per kind
-/// of 8-bit block and packed for AMX tiles once per format. CUDA: linear's kernels, one
-/// launch per part.
+/// of 8-bit block and packed for AMX tiles once per format. CUDA: one launch over every
+/// part's rows when they share a format and linear's GEMV path (decode), else linear's
+/// launches per part.
 #pragma once
 
 #include <array>

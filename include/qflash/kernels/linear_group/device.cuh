@@ -1,0 +1,75 @@
+/// @file
+/// Several projections of one input on CUDA (kernels/linear_group), shared by sm80.cuh and
+/// sm90a.cuh. When every part has one format and takes linear's GEMV path with the same
+/// loads (decode: fewer tokens than the tensor-core path wants), one launch of
+/// linear_group_kernel covers every part's rows, after one rounding of the input for block
+/// formats; each row's sums are linear_kernel's. Otherwise a linear launch per part.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "qflash/kernels/linear/device.cuh"
+#include "qflash/kernels/linear_group/op.hpp"
+
+namespace qflash::kernels::linear_group_cuda {
+
+/// Whether the parts of `a` (checked) can run as one launch of linear_group_kernel.
+inline bool one_launch(LinearGroupArgs const& a) {
+  static_assert(LinearGroupArgs::kMaxParts <= linear_cuda::GroupParams::kMaxParts);
+  LinearArgs const& first = a.parts[0];
+  std::int64_t const xs = first.x_stride ? first.x_stride : first.w.cols;
+  bool const vec = linear_cuda::vector_path(first.w, first.x, xs);
+  return a.n_parts > 1 && std::all_of(a.used().begin(), a.used().end(), [&](LinearArgs const& p) {
+           return p.w.format == first.w.format && !linear_cuda::mma::usable(p.w, p.n_tokens) &&
+                  linear_cuda::vector_path(p.w, first.x, xs) == vec;
+         });
+}
+
+/// The body of `launch_linear_group<S>(Arch, args, stream)` for a CUDA arch tag.
+template <class Arch, MoeSpec S>
+Status launch(LinearGroupArgs const& a, stream_t stream_arg) {
+  using namespace linear_cuda;
+  if (Status s = can_implement_linear_group<S>(a); s != Status::kSuccess) return s;
+  if (a.parts[0].n_tokens == 0) return Status::kSuccess;
+  auto const stream = static_cast<cudaStream_t>(stream_arg);
+  if (!one_launch(a)) {
+    for (LinearArgs const& part : a.used())
+      if (Status s = linear_cuda::launch<Arch, S>(part, stream); s != Status::kSuccess) return s;
+    return Status::kSuccess;
+  }
+  return with_format<S>(a.parts[0].w.format, [&]<WeightFormat kF>() -> Status {
+    GroupParams g{};
+    g.n_parts = a.n_parts;
+    unsigned blocks = 0;
+    for (int i = 0; i < a.n_parts; ++i) {
+      g.part[i] = params_of(a.parts[i]);
+      g.first_block[i] = blocks;
+      blocks += static_cast<unsigned>((g.part[i].w.rows + kWarps * kRows - 1) / (kWarps * kRows));
+    }
+    Params const& first = g.part[0];
+    if constexpr (block_values(kF) > 1) {  // every part reads the input rounded once
+      std::int64_t const cols = first.w.cols;
+      auto* const rounded =
+          static_cast<float*>(cuda::stream_workspace(stream, static_cast<std::size_t>(first.n_tokens * cols) * sizeof(float)));
+      if (!rounded) return Status::kErrorCuda;
+      if (Status s = round_rows<Arch>(rounding(kF), first.x, first.xs, first.n_tokens, cols, rounded, cols, stream);
+          s != Status::kSuccess)
+        return s;
+      for (int i = 0; i < a.n_parts; ++i) g.part[i].x = rounded, g.part[i].xs = cols;
+    }
+    dim3 const grid(blocks, static_cast<unsigned>(
+                                std::min<std::int64_t>((first.n_tokens + kTokens - 1) / kTokens, kMaxTokenTiles)));
+    if constexpr (block_values(kF) == 1)
+      if (vector_path(first.w, first.x, first.xs)) {
+        linear_group_kernel<Arch, kF, true><<<grid, kThreads, 0, stream>>>(g);
+        return cuda::last_launch_status();
+      }
+    linear_group_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(g);
+    return cuda::last_launch_status();
+  });
+}
+
+}  // namespace qflash::kernels::linear_group_cuda

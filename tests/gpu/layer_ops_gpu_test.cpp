@@ -5,8 +5,8 @@
 // cap, y over x, strided heads, partial and full rotation, both norm-weight kinds, and a
 // sequence conv'd (and run through the delta rule) in several calls through its state, q/k/v
 // read straight out of the conv output, both value-head orders, every routing policy (also
-// per token) with the shared-expert gate, every weight format of the embedding table and an
-// id outside it. Tolerances: fp32 sums in another order
+// per token) with the shared-expert gate, the router's GEMV in the same call, every weight
+// format of the embedding table and an id outside it. Tolerances: fp32 sums in another order
 // (and fused multiply-adds) and the device's expf/log1pf (within 2 ulp) against the CPU's.
 #include "gpu/gpu_main.hpp"
 
@@ -406,6 +406,68 @@ void check_router(std::int64_t tokens, int n, int k, RoutingPolicy policy, bool 
   CHECK_MESSAGE(g.ok, "shared-expert gate, GPU vs CPU twin: ", g.report);
 }
 
+/// The router's GEMV and the routing in one call (RouterGemv: one kernel on CUDA for up to 16
+/// tokens of an element format, else two): logits against the CPU's within fp32 sums in
+/// another order; experts equal to the CPU's routing of the device's own logits (so a near tie
+/// the sums' order breaks otherwise cannot fail it), weights and the shared gate within
+/// rounding. Each call runs twice over outputs set to garbage, so the second shows that the
+/// first left its CTA counter at zero.
+template <MoeSpec S, class Tag>
+void check_router_gemv(std::int64_t tokens, int n, int k, WeightFormat f, std::int64_t d) {
+  CAPTURE(tokens);
+  CAPTURE(n);
+  CAPTURE(k);
+  CAPTURE(to_string(f));
+  CAPTURE(d);
+  std::int64_t const rows = n + 1;  // the experts', then the shared-expert gate
+  auto const gate = test::random_floats(static_cast<std::size_t>(rows * d), 85, -0.5f, 0.5f);
+  auto const x = test::random_floats(static_cast<std::size_t>(tokens * d), 86, -1, 1);
+  OwnedMatrix const m = encode_matrix(f, gate.data(), rows, d);
+  std::size_t const slots = static_cast<std::size_t>(tokens * k), n_logits = static_cast<std::size_t>(tokens * rows);
+  auto args = [&](RouterGemv const* g, std::int32_t* e, float* w, float* shared) {
+    RouterTopkArgs a{};
+    a.gemv = g, a.experts = e, a.weights = w, a.n_tokens = tokens, a.n_expert = n, a.n_expert_used = k;
+    a.shared_weights = shared;
+    return a;
+  };
+  std::vector<float> l_cpu(n_logits), w_cpu(slots), shared_cpu(static_cast<std::size_t>(tokens));
+  std::vector<std::int32_t> e_cpu(slots);
+  RouterGemv const on_cpu{m.view, x.data(), l_cpu.data()};
+  REQUIRE(launch_router_topk<S>(arch::Cpu{}, args(&on_cpu, e_cpu.data(), w_cpu.data(), shared_cpu.data())) ==
+          Status::kSuccess);
+
+  DeviceArray<std::byte> bytes(m.bytes);
+  DeviceArray<float> scales(m.scales), dx(x), dl(n_logits), dw(slots), dshared(shared_cpu.size());
+  DeviceArray<std::int32_t> de(slots);
+  WeightView dgate = m.view;
+  dgate.data = bytes.get();
+  dgate.scales = f == WeightFormat::kFp8E4m3 ? scales.get() : nullptr;
+  RouterGemv const on_gpu{dgate, dx.get(), dl.get()};
+  for (int run = 0; run < 2; ++run) {
+    CAPTURE(run);
+    auto garbage = [](void* p, std::size_t bytes) { QFLASH_TEST_CUDA(cudaMemset(p, 0xFF, bytes)); };
+    garbage(dl.get(), n_logits * sizeof(float));
+    garbage(dw.get(), slots * sizeof(float));
+    garbage(dshared.get(), shared_cpu.size() * sizeof(float));
+    garbage(de.get(), slots * sizeof(std::int32_t));  // -1: no expert
+    REQUIRE(launch_router_topk<S>(Tag{}, args(&on_gpu, de.get(), dw.get(), dshared.get()), nullptr) == Status::kSuccess);
+    synchronize();
+    auto const l_gpu = dl.download();
+    auto const l = all_close<float, float>(l_gpu, l_cpu, Tolerance{2e-5, 1e-5});
+    CHECK_MESSAGE(l.ok, "logits, GPU vs CPU twin: ", l.report);
+    // The CPU's routing of the device's logits.
+    RouterTopkArgs from_gpu = args(nullptr, e_cpu.data(), w_cpu.data(), shared_cpu.data());
+    from_gpu.logits = l_gpu.data();
+    from_gpu.logits_stride = rows;
+    REQUIRE(launch_router_topk<S>(arch::Cpu{}, from_gpu) == Status::kSuccess);
+    CHECK(de.download() == e_cpu);
+    auto const w = all_close<float, float>(dw.download(), w_cpu, kGates);
+    CHECK_MESSAGE(w.ok, "weights, GPU vs CPU twin: ", w.report);
+    auto const g = all_close<float, float>(dshared.download(), shared_cpu, kGates);
+    CHECK_MESSAGE(g.ok, "shared-expert gate, GPU vs CPU twin: ", g.report);
+  }
+}
+
 /// Rows of a table in format f gathered by id, as the CPU gathers them; an id past the table
 /// gives NaN.
 template <MoeSpec S, class Tag>
@@ -510,6 +572,13 @@ void check_instance() {
     check_router<S, Tag>(37, n, k, {}, true);
   }
   check_router<S, Tag>(600000, routes.front().first, routes.front().second, {}, false);  // past the grid cap
+  std::int64_t const d_router = S.d_model != kDynamic ? S.d_model : 512;
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8E4m3, WeightFormat::kF32, WeightFormat::kQ8_0}) {
+    if ((S.weights != WeightFormat::kAny && S.weights != f) || !row_fits(f, d_router)) continue;
+    auto const [n, k] = routes.front();
+    for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{16}, std::int64_t{40}})  // one kernel, one, two
+      check_router_gemv<S, Tag>(tokens, n, k, f, d_router);
+  }
 
   int const width = S.d_model != kDynamic ? static_cast<int>(S.d_model) : 512;
   for (WeightFormat f : kAllWeightFormats)

@@ -213,6 +213,49 @@ TEST_CASE("attention: the fused output gate equals the reference") {
   CHECK(launch_attention<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
 }
 
+TEST_CASE("router_topk with the router's GEMV: linear's logits, then their routing") {
+  int const n_tok = 5, n_expert = 16, k = 4;
+  std::int64_t const d = 96, rows = n_expert + 1;  // the experts', then the shared-expert gate
+  auto const gate = test::random_floats(static_cast<std::size_t>(rows * d), 62, -1, 1);
+  auto const x = test::random_floats(static_cast<std::size_t>(n_tok * d), 63, -1, 1);
+  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+    CAPTURE(to_string(f));
+    OwnedMatrix const m = encode_matrix(f, gate.data(), rows, d);
+    std::size_t const slots = static_cast<std::size_t>(n_tok * k);
+    // Apart: linear, then routing from its logits.
+    std::vector<float> l_want(static_cast<std::size_t>(n_tok * rows)), w_want(slots), sg_want(n_tok);
+    std::vector<std::int32_t> e_want(slots);
+    LinearArgs l{};
+    l.w = m.view, l.x = x.data(), l.y = l_want.data(), l.n_tokens = n_tok;
+    REQUIRE(launch_linear<spec::generic>(arch::Cpu{}, l) == Status::kSuccess);
+    RouterTopkArgs a{};
+    a.logits = l_want.data(), a.logits_stride = rows, a.n_tokens = n_tok, a.n_expert = n_expert, a.n_expert_used = k;
+    a.experts = e_want.data(), a.weights = w_want.data(), a.shared_weights = sg_want.data();
+    REQUIRE(launch_router_topk<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+    // Together: the call's own logits and stride are not read.
+    std::vector<float> l_got(l_want.size(), -1.0f), w_got(slots), sg_got(n_tok);
+    std::vector<std::int32_t> e_got(slots);
+    RouterGemv const gemv{m.view, x.data(), l_got.data()};
+    a.gemv = &gemv;
+    a.logits = nullptr, a.logits_stride = 3;
+    a.experts = e_got.data(), a.weights = w_got.data(), a.shared_weights = sg_got.data();
+    REQUIRE(launch_router_topk<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+    CHECK(l_got == l_want);
+    CHECK(e_got == e_want);
+    CHECK(w_got == w_want);
+    CHECK(sg_got == sg_want);
+    // A gate without the shared-expert gate's row, or no input: refused.
+    RouterGemv short_gate = gemv;
+    short_gate.gate.rows = n_expert;
+    a.gemv = &short_gate;
+    CHECK(launch_router_topk<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+    RouterGemv no_x = gemv;
+    no_x.x = nullptr;
+    a.gemv = &no_x;
+    CHECK(launch_router_topk<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+  }
+}
+
 TEST_CASE("router_topk: the shared-expert gate column is the sigmoid of its logit") {
   int const n_tok = 4, n_expert = 8, k = 2;
   auto logits = test::random_floats(static_cast<std::size_t>(n_tok * (n_expert + 1)), 61, -6, 6);

@@ -23,6 +23,7 @@ namespace detail {
 struct StreamBuffer {
   void* data = nullptr;
   std::size_t bytes = 0;
+  unsigned* counters = nullptr;  ///< stream_counters()
 };
 /// Buffers by (device, stream): the legacy stream's handle is null on every device.
 struct StreamBuffers {
@@ -54,12 +55,39 @@ inline void* stream_workspace(cudaStream_t stream, std::size_t bytes) {
   void* p = nullptr;
   if (cudaMallocAsync(&p, want, stream) != cudaSuccess) return nullptr;
   if (b.data) cudaFreeAsync(b.data, stream);
-  b = {p, want};
+  b.data = p;
+  b.bytes = want;
   return p;
 }
 
-/// Frees `stream`'s workspace on the current device, after the work queued on it (call before
-/// destroying the stream).
+/// Counters a kernel may have on `stream` (the current device's): kStreamCounters zeroed
+/// 32-bit words that live as long as the stream's workspace, for kernels whose CTAs count
+/// themselves (the last one to finish does the rest). Stream order gives each launch the
+/// counters alone; a kernel leaves the one it used at zero. Null when they must be made while
+/// the stream is being captured, or the allocation failed.
+inline constexpr int kStreamCounters = 32;
+inline unsigned* stream_counters(cudaStream_t stream) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  detail::StreamBuffers& all = detail::stream_buffers();
+  std::lock_guard lock(all.mutex);
+  detail::StreamBuffer& b = all.buffers[{device, stream}];
+  if (b.counters) return b.counters;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
+  void* p = nullptr;
+  std::size_t const bytes = kStreamCounters * sizeof(unsigned);
+  if (cudaMallocAsync(&p, bytes, stream) != cudaSuccess) return nullptr;
+  if (cudaMemsetAsync(p, 0, bytes, stream) != cudaSuccess) {
+    cudaFreeAsync(p, stream);
+    return nullptr;
+  }
+  b.counters = static_cast<unsigned*>(p);
+  return b.counters;
+}
+
+/// Frees `stream`'s workspace and counters on the current device, after the work queued on it
+/// (call before destroying the stream).
 inline void release_stream_workspace(cudaStream_t stream) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return;
@@ -68,6 +96,7 @@ inline void release_stream_workspace(cudaStream_t stream) {
   auto const it = all.buffers.find({device, stream});
   if (it == all.buffers.end()) return;
   if (it->second.data) cudaFreeAsync(it->second.data, stream);
+  if (it->second.counters) cudaFreeAsync(it->second.counters, stream);
   all.buffers.erase(it);
 }
 

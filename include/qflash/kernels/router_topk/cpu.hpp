@@ -14,6 +14,7 @@
 #include "qflash/arch/cpu_features.hpp"
 #include "qflash/core/parallel.hpp"
 #include "qflash/kernels/gated_delta/common.hpp"
+#include "qflash/kernels/linear/cpu.hpp"
 #include "qflash/kernels/router_topk/op.hpp"
 
 namespace qflash::kernels::cpu {
@@ -111,7 +112,9 @@ namespace qflash::kernels {
 template <MoeSpec S>
 Status launch_router_topk(arch::Cpu, RouterTopkArgs const& a, stream_t) {
   if (Status s = can_implement_router_topk<S>(a); s != Status::kSuccess) return s;
-  return cpu::router_topk<S.n_expert, S.n_expert_used>(arch::cpu_isa(), a);
+  if (a.gemv)
+    if (Status s = launch_linear<S>(arch::Cpu{}, gemv_of(a)); s != Status::kSuccess) return s;
+  return cpu::router_topk<S.n_expert, S.n_expert_used>(arch::cpu_isa(), routing_of(a));
 }
 
 }  // namespace qflash::kernels

@@ -4,7 +4,8 @@
 /// token (at most n_expert_used); and, when renormalize, w = p_I / sum(p_I), else w = p_I.
 /// A token's slots past c hold expert kNoExpert and weight 0. With a shared expert, the
 /// router's GEMV has one more output row, the shared-expert gate:
-/// shared_weights[t] = sigmoid(logits[t, n_expert]).
+/// shared_weights[t] = sigmoid(logits[t, n_expert]). A call may do the router's GEMV first
+/// (RouterGemv), as one kernel on CUDA for a decode step's tokens.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "qflash/arch/arch.hpp"
 #include "qflash/core/config.hpp"
 #include "qflash/core/status.hpp"
+#include "qflash/kernels/linear/op.hpp"
 #include "qflash/spec/moe_spec.hpp"
 
 namespace qflash::kernels {
@@ -53,6 +55,16 @@ struct RoutingPolicy {
          (p.kind != RoutingPolicy::Kind::kThreshold || (p.threshold >= 0 && p.threshold <= 1));
 }
 
+/// The router's GEMV when a routing call does it first (RouterTopkArgs::gemv): the op writes
+/// logits = x gate^T (kernels/linear's sums; the rows are the experts', then the shared-expert
+/// gate's) and routes from them; the call's `logits` and `logits_stride` are not read. CUDA
+/// runs both in one kernel for a decode step's tokens.
+struct RouterGemv {
+  WeightView gate;             // [n_expert (+ 1), d_model]
+  float const* x = nullptr;    // [n_tokens, gate.cols]
+  float* logits = nullptr;     // [n_tokens, gate.rows]
+};
+
 struct RouterTopkArgs {
   float const* logits = nullptr;  // [n_tokens, logits_stride]: n_expert router logits (+ the shared gate)
   std::int64_t logits_stride = 0;  ///< 0: n_expert
@@ -65,11 +77,36 @@ struct RouterTopkArgs {
   RoutingPolicy policy;
   RoutingPolicy const* token_policies = nullptr;  // [n_tokens]: each token's, instead of `policy`
   float* shared_weights = nullptr;  // [n_tokens] sigmoid of logits column n_expert; null: none
+  /// The router's GEMV in the same call (optional; host memory, read when the call is made).
+  RouterGemv const* gemv = nullptr;
 };
+
+/// The router's GEMV of a call that has one (gemv set).
+constexpr LinearArgs gemv_of(RouterTopkArgs const& a) {
+  LinearArgs l{};
+  l.w = a.gemv->gate;
+  l.x = a.gemv->x;
+  l.y = a.gemv->logits;
+  l.n_tokens = a.n_tokens;
+  return l;
+}
+
+/// The routing a call does: from its logits, or from the GEMV's output when it has one.
+constexpr RouterTopkArgs routing_of(RouterTopkArgs a) {
+  if (a.gemv) {
+    a.logits = a.gemv->logits;
+    a.logits_stride = a.gemv->gate.rows;
+    a.gemv = nullptr;
+  }
+  return a;
+}
 
 /// Checks everything but the per-token policies (which a CUDA launch cannot read on the host).
 template <MoeSpec S>
-[[nodiscard]] constexpr Status can_implement_router_topk_shape(RouterTopkArgs const& a) {
+[[nodiscard]] constexpr Status can_implement_router_topk_shape(RouterTopkArgs const& args) {
+  if (args.gemv)
+    if (Status s = can_implement_linear<S>(gemv_of(args)); s != Status::kSuccess) return s;
+  RouterTopkArgs const a = routing_of(args);
   if (!a.logits || !a.experts || !a.weights || a.n_tokens < 0 || a.n_expert <= 0 ||
       a.n_expert_used <= 0 || a.n_expert_used > a.n_expert || a.logits_stride < 0 || !valid(a.policy) ||
       (a.logits_stride && a.logits_stride < a.n_expert + (a.shared_weights ? 1 : 0)) ||

@@ -1,8 +1,8 @@
 /// @file
-/// The MoE block of both families: one GEMV for the router (and the shared-expert gate as its
-/// extra row), softmax/top-k (or the run's dynamic policy)/renormalise with the gate's sigmoid
-/// in one op, the routed SwiGLU experts grouped by expert, and the gated shared expert
-/// (qwen3_5_moe).
+/// The MoE block of both families: the router's GEMV (the shared-expert gate its extra row)
+/// and softmax/top-k (or the run's dynamic policy)/renormalise with the gate's sigmoid in one
+/// op (one kernel for a decode step on CUDA), the routed SwiGLU experts grouped by expert, and
+/// the gated shared expert (qwen3_5_moe).
 #pragma once
 
 #include <algorithm>
@@ -98,11 +98,9 @@ class MoeBlock {
                               : s.sized(s.route_weights, T * k);
     float* shared_gate = s.sized(s.shared_gate, T);
 
-    project<S, Arch>(w_.router, x, T, logits, stream, "router");
-
-    kernels::RouterTopkArgs r{};
-    r.logits = logits;
-    r.logits_stride = w_.router.rows;
+    kernels::RouterGemv const gemv{w_.router, x, logits};
+    kernels::RouterTopkArgs r{};  // the router's GEMV and the routing in one call
+    r.gemv = &gemv;
     r.experts = routes;
     r.weights = weights;
     r.n_tokens = T;
@@ -112,7 +110,7 @@ class MoeBlock {
     r.policy = b.policy;
     r.token_policies = b.on_device.token_policies;
     r.shared_weights = shared ? shared_gate : nullptr;
-    check_launch(kernels::launch_router_topk<S>(Arch{}, r, stream), "router_topk");
+    check_launch(kernels::launch_router_topk<S>(Arch{}, r, stream), "router");
     RouteRecord const record{layer_, T, n_expert, k, logits, w_.router.rows, routes, weights};
     if (deferred) {
       deferred_->push_back(record);

@@ -34,6 +34,12 @@ inline StreamBuffers& stream_buffers() {
   static StreamBuffers b;  // a stream's buffer lives until it is released, else to the process's end
   return b;
 }
+/// Whether `stream` is being captured into a graph, or its state cannot be read: no
+/// allocation on it then.
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone;
+}
 }  // namespace detail
 
 /// At least `bytes` bytes of device memory for work queued on `stream` (the current device's),
@@ -46,8 +52,7 @@ inline void* stream_workspace(cudaStream_t stream, std::size_t bytes) {
   std::lock_guard lock(all.mutex);
   detail::StreamBuffer& b = all.buffers[{device, stream}];
   if (bytes <= b.bytes && b.data) return b.data;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
+  if (detail::capturing(stream)) return nullptr;
   // At least 8 MiB: a decode step's needs (attention's 128 key splits of 16 heads of 256 take
   // 2 MiB) are met at once, so a step recorded later does not have to grow it.
   constexpr std::size_t kGranule = std::size_t{1} << 20, kFirst = 8 * kGranule;
@@ -73,8 +78,7 @@ inline unsigned* stream_counters(cudaStream_t stream) {
   std::lock_guard lock(all.mutex);
   detail::StreamBuffer& b = all.buffers[{device, stream}];
   if (b.counters) return b.counters;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
+  if (detail::capturing(stream)) return nullptr;
   void* p = nullptr;
   std::size_t const bytes = kStreamCounters * sizeof(unsigned);
   if (cudaMallocAsync(&p, bytes, stream) != cudaSuccess) return nullptr;

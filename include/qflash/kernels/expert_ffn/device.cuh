@@ -54,6 +54,18 @@ struct Tile {
   int n;
 };
 
+/// Rows per tile of the tensor-core passes (one m-tile of linear/mma.cuh).
+inline constexpr int kMmaTileRows = linear_cuda::mma::Tile<1>::kBlockM;
+
+/// A pass's tiles of at most tile_rows rows: the device list (its length at *tile_count), or,
+/// when null, dense_rows rows of expert 0 from row 0 (the shared expert's own launches).
+__device__ __forceinline__ int tile_total(Tile const* tiles, int const* tile_count, int dense_rows, int tile_rows) {
+  return tiles ? *tile_count : (dense_rows + tile_rows - 1) / tile_rows;
+}
+__device__ __forceinline__ Tile tile_at(Tile const* tiles, int dense_rows, int tile_rows, int i) {
+  return tiles ? tiles[i] : Tile{0, i * tile_rows, min(tile_rows, dense_rows - i * tile_rows)};
+}
+
 /// Step 1. Rows [0, shared_rows) are the shared expert's (row t: token t); routed rows start
 /// at shared_rows, grouped by expert in id order, in tiles of at most tile_rows.
 /// slot_row[s]: slot s's row, or -1. Each thread owns a run of experts; block-wide prefix sums
@@ -143,9 +155,9 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
   std::int64_t const rows = p.w.first.rows;
   std::int64_t const o0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kOut;
   if (o0 >= rows) return;
-  int const n_tiles = p.tiles ? *p.tile_count : (p.dense_rows + kTokens - 1) / kTokens;
+  int const n_tiles = tile_total(p.tiles, p.tile_count, p.dense_rows, kTokens);
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
-    Tile const tile = p.tiles ? p.tiles[i] : Tile{0, i * kTokens, min(kTokens, p.dense_rows - i * kTokens)};
+    Tile const tile = tile_at(p.tiles, p.dense_rows, kTokens, i);
     float const* x[kTokens];
 #pragma unroll
     for (int tt = 0; tt < kTokens; ++tt) {
@@ -210,9 +222,9 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads) expert_mma_kernel(
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   std::int64_t const rows = p.w[0].first.rows, k = p.w[0].first.cols;
   std::int64_t const n0 = static_cast<std::int64_t>(blockIdx.x) * mma::kBlockN;
-  int const n_tiles = p.tiles ? *p.tile_count : (p.dense_rows + 15) / 16;
+  int const n_tiles = tile_total(p.tiles, p.tile_count, p.dense_rows, kMmaTileRows);
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
-    Tile const tile = p.tiles ? p.tiles[i] : Tile{0, i * 16, min(16, p.dense_rows - i * 16)};
+    Tile const tile = tile_at(p.tiles, p.dense_rows, kMmaTileRows, i);
     bool const is_shared = tile.expert < 0;
     std::uint8_t const* w[kMats];
     float const* scales[kMats];
@@ -390,7 +402,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
         return !set || (set->gate.first.format == set->up.first.format && mma_ready(set->gate) &&
                         mma_ready(set->up) && mma_ready(set->down));
       });
-  int const tile_rows = use_mma ? 16 : kTokens;
+  int const tile_rows = use_mma ? kMmaTileRows : kTokens;
   std::int64_t const max_tiles = (n_slots + tile_rows - 1) / tile_rows + std::min(n_expert, n_slots);
   std::int64_t const shared_tiles = (shared_rows + tile_rows - 1) / tile_rows;
   struct Group {

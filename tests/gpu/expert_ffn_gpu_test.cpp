@@ -2,8 +2,8 @@
 // format the spec compiles, against the CPU twin, over the spec's shapes (or several when they
 // are dynamic): one token and many (tiles of several rows per expert), unused route slots, a
 // shared expert of another width, gate and up in different formats, fused and separate SwiGLU,
-// rows too short for the vector path; bf16 and fp8 prompts on tensor cores (16-row tiles, the
-// shared expert merged or not); and the launches CUDA refuses (experts not at one stride,
+// rows too short for the vector path; prompts on tensor cores (bf16, fp8 and the block
+// formats; 16-row tiles, the shared expert merged or not); and the launches CUDA refuses (experts not at one stride,
 // LoRA). Tolerance, relative to each token's largest output: fp32 sums in another order and
 // the device's expf in SwiGLU (H200: up to ~1e-4); with block-format rows, an activation a few
 // ulp off can move its 8-bit code by one step, which shifts the whole row (H200: ~1e-3).
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "qflash/kernels/expert_ffn/cpu.hpp"
+#include "qflash/kernels/linear/mma_blocks.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "support/expert_case.hpp"
 #include "support/random.hpp"
@@ -164,7 +165,7 @@ void check_instance() {
       check_case<S, Tag>(c);
       c.tokens = 19, c.fused = false;
       check_case<S, Tag>(c);
-      if (f == WeightFormat::kBf16 || f == WeightFormat::kFp8E4m3) {
+      if (f == WeightFormat::kBf16 || f == WeightFormat::kFp8E4m3 || linear_cuda::mma_blocks::reads(f)) {
         // Tensor cores: the shared expert in its own launches, then merged.
         c.tokens = 40, c.fused = true;
         check_case<S, Tag>(c);
@@ -178,6 +179,11 @@ void check_instance() {
     if (fits(WeightFormat::kQ8_0, d_model, d_ff))
       check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kQ8_0, .down = WeightFormat::kFp8E4m3,
                           .d_model = d_model, .d_ff = d_ff, .tokens = 9, .shared = WeightFormat::kF16,
+                          .d_ff_shared = d_ff_shared});
+    // A prompt of block formats as GGUF files mix them: down in q6_k, the shared expert in q8_0.
+    if (fits(WeightFormat::kQ4K, d_model, d_ff) && fits(WeightFormat::kQ8_0, d_model, d_ff_shared))
+      check_case<S, Tag>({.gate = WeightFormat::kQ4K, .up = WeightFormat::kQ4K, .down = WeightFormat::kQ6K,
+                          .d_model = d_model, .d_ff = d_ff, .tokens = 40, .shared = WeightFormat::kQ8_0,
                           .d_ff_shared = d_ff_shared});
     if (S.d_model == kDynamic && S.d_ff_expert == kDynamic)  // rows too short or odd for the vector path
       check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kF32,

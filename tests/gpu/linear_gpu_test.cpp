@@ -132,9 +132,14 @@ void check_instance() {
     // tokens and columns short of a tile, strided and accumulating.
     if (row_fits(f, 144)) check_case<S, Tag>({f, 130, 144, 16});
     if (row_fits(f, 528)) check_case<S, Tag>({f, 70, 528, 33, 4, 3, true});
+    // Block formats take theirs from 16 tokens when rows are whole groups of 32 (70 tokens
+    // above: four m-tiles).
+    if (row_fits(f, 768)) check_case<S, Tag>({f, 70, 768, 20, 4, 3, true});
     check_group<S, Tag>(f, 5, f);   // one launch
-    check_group<S, Tag>(f, 20, f);  // bf16, fp8: a tensor-core launch per part
+    check_group<S, Tag>(f, 20, f);  // a tensor-core launch per part (not f32, f16)
   }
+  if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kInt4)
+    check_case<S, Tag>({WeightFormat::kInt4, 33, 160, 40});  // a short last int4 block
   if constexpr (S.weights == WeightFormat::kAny) check_group<S, Tag>(WeightFormat::kBf16, 5, WeightFormat::kQ8_0);
   if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32)
     check_case<S, Tag>({WeightFormat::kF32, 8, 32, 300000});  // token tiles past the grid's

@@ -1,7 +1,6 @@
 // linear's tensor-core tile on CUDA (kernels/linear/mma_tile.hpp), run on the host: the stage
 // copies, fragment offsets and accumulator places the kernel uses, driven through an emulated
-// mma.sync.m16n8k16.row.col that places each register's values where the PTX ISA says
-// ("Matrix Fragments for mma.m16n8k16 with floating point type"), equal ref::linear over
+// mma.sync.m16n8k16.row.col (support/mma_emulator.hpp), equal ref::linear over
 // whole and partial tiles. Also: the activation split, and the fragment loads' banks.
 #include <doctest/doctest.h>
 
@@ -18,6 +17,7 @@
 #include "qflash/kernels/linear/mma_tile.hpp"
 #include "qflash/kernels/linear/ref.hpp"
 #include "qflash/numeric/weight_encode.hpp"
+#include "support/mma_emulator.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -27,41 +27,12 @@ namespace mma = qflash::kernels::linear_cuda::mma;
 
 namespace {
 
-using Regs4 = std::array<std::uint32_t, 4>;
-using Regs2 = std::array<std::uint32_t, 2>;
-using Acc = std::array<float, 4>;
-
-float bf16_lo(std::uint32_t word) { return to_float(Bf16{static_cast<std::uint16_t>(word & 0xFFFF)}); }
-float bf16_hi(std::uint32_t word) { return to_float(Bf16{static_cast<std::uint16_t>(word >> 16)}); }
-
-/// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 over a warp's registers, from the PTX
-/// ISA's fragment tables (g = lane >> 2, t = lane % 4):
-///   A 16x16: register r holds A[g + 8 (r % 2)][2t + 8 (r / 2) + {0, 1}] (low half first);
-///   B 16x8:  register r holds B[2t + 8 r + {0, 1}][g];
-///   C 16x8:  c[r] is C[g + 8 (r / 2)][2t + r % 2].
-void emulate_mma(std::array<Acc, 32>& c, std::array<Regs4, 32> const& a, std::array<Regs2, 32> const& b) {
-  float A[16][16], B[16][8];
-  for (int lane = 0; lane < 32; ++lane) {
-    int const g = lane >> 2, t = lane % 4;
-    for (int r = 0; r < 4; ++r) {
-      A[g + 8 * (r % 2)][2 * t + 8 * (r / 2)] = bf16_lo(a[lane][r]);
-      A[g + 8 * (r % 2)][2 * t + 8 * (r / 2) + 1] = bf16_hi(a[lane][r]);
-    }
-    for (int r = 0; r < 2; ++r) {
-      B[2 * t + 8 * r][g] = bf16_lo(b[lane][r]);
-      B[2 * t + 8 * r + 1][g] = bf16_hi(b[lane][r]);
-    }
-  }
-  for (int lane = 0; lane < 32; ++lane) {
-    int const g = lane >> 2, t = lane % 4;
-    for (int r = 0; r < 4; ++r) {
-      int const i = g + 8 * (r / 2), j = 2 * t + r % 2;
-      float s = c[lane][r];
-      for (int k = 0; k < 16; ++k) s += A[i][k] * B[k][j];
-      c[lane][r] = s;
-    }
-  }
-}
+using test::Acc;
+using test::bf16_hi;
+using test::bf16_lo;
+using test::emulate_mma;
+using test::Regs2;
+using test::Regs4;
 
 /// The kernel's work, tile by tile on the host: y[j] = x W[j]^T for kMats matrices of one
 /// shape and format (kWBytes: bf16 2, fp8 e4m3 1, whose stage sums take their block's scale).

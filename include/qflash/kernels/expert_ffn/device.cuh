@@ -12,9 +12,10 @@
 ///  5. combine: out[t] += w_j y[row of slot j] in slot order, then the shared expert's.
 /// Steps 3 and 4 serve the shared expert in the same launches when it has the routed experts'
 /// formats and shapes (its tiles, expert -1, lead the list); else it has its own, first.
-/// With bf16 or fp8 weights and rows enough for them (prefill), tiles hold up to 16 rows and
-/// steps 2 to 4 run on tensor cores (expert_mma_kernel, over linear/mma.cuh's tiles): the tokens and
-/// then the SwiGLU outputs are split into bf16 parts, gate and up share each stage of a CTA.
+/// With rows enough for them (prefill), tiles hold up to 16 rows and steps 2 to 4 run on
+/// tensor cores (expert_mma_kernel), gate and up sharing each stage of a CTA: bf16 or fp8
+/// weights on linear/mma.cuh's tiles (the tokens and then the SwiGLU outputs split into bf16
+/// parts), block formats on linear/mma_blocks.cuh's (the inputs quantized to codes).
 /// Each row's sums do not depend on which rows share its tile, so results are deterministic
 /// though the rows within an expert come in the order atomics give them.
 /// Routed experts are read as a StackedView (stacked.hpp): others are kErrorNotSupported, as
@@ -197,28 +198,34 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
   }
 }
 
-/// Steps 3 and 4 on tensor cores (bf16 or fp8 weights; linear/mma.cuh): gate and up together
-/// (kMats 2, y = silu(gate x) * (up x)), or down (kMats 1, y = down x), for tiles of at most
-/// 16 rows of one expert. The inputs are split into bf16 parts first (linear's split_kernel).
+/// Steps 3 and 4 on tensor cores: gate and up together (kMats 2, y = silu(gate x) * (up x)),
+/// or down (kMats 1, y = down x), for tiles of at most 16 rows of one expert. bf16 and fp8
+/// weights on linear/mma.cuh's tiles, over the inputs split into bf16 parts (its
+/// split_kernel); block formats on linear/mma_blocks.cuh's, over the inputs quantized to codes.
 struct MmaParams {
-  StackedView w[2];         ///< gate and up, or down: one format
+  StackedView w[2];         ///< gate and up, or down: one format and shape
   StackedView shared_w[2];  ///< the shared expert's, for tiles of expert -1 (w's format and shape)
   Tile const* tiles;        ///< as ProjectParams::tiles
   int const* tile_count;
   int dense_rows;
-  int const* row_token;         ///< the parts' row of each pair row; null: the pair row less part_row0
-  std::int64_t part_row0;
-  std::uint16_t const* parts;   ///< [mma::kParts][part rows][k] bf16
-  std::int64_t part_stride;     ///< elements between parts
-  float* y;                     ///< [pair rows, ys]
+  int const* row_token;  ///< the inputs' row of each pair row; null: the pair row less act_row0
+  std::int64_t act_row0;
+  std::uint16_t const* parts;  ///< bf16, fp8: [mma::kParts][input rows][k] bf16
+  std::int64_t part_stride;    ///< elements between parts
+  linear_cuda::mma_blocks::Activations codes;  ///< block formats
+  float* y;                    ///< [pair rows, ys]
   std::int64_t ys;
 };
 
 /// Grid: x output rows by mma::kBlockN, y tiles (strided).
-template <class Arch, int kMats, int kWBytes>
-__global__ void __launch_bounds__(linear_cuda::mma::kThreads) expert_mma_kernel(MmaParams const p) {
+template <class Arch, int kMats, WeightFormat kF>
+__global__ void __launch_bounds__(linear_cuda::mma::kThreads, 1) expert_mma_kernel(MmaParams const p) {
   namespace mma = linear_cuda::mma;
-  __shared__ alignas(16) std::uint8_t smem[2][mma::Tile<1, kMats, kWBytes>::kStageBytes];
+  namespace mb = linear_cuda::mma_blocks;
+  constexpr bool kCodes = mb::reads(kF);
+  constexpr int kWBytes = mma::weight_bytes(kF);
+  constexpr int kStageBytes = kCodes ? mb::Tile<1>::kStageBytes : mma::Tile<1, kMats, kWBytes>::kStageBytes;
+  __shared__ alignas(16) std::uint8_t smem[2][kStageBytes];
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   std::int64_t const rows = p.w[0].first.rows, k = p.w[0].first.cols;
   std::int64_t const n0 = static_cast<std::int64_t>(blockIdx.x) * mma::kBlockN;
@@ -226,29 +233,37 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads) expert_mma_kernel(
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
     Tile const tile = tile_at(p.tiles, p.dense_rows, kMmaTileRows, i);
     bool const is_shared = tile.expert < 0;
-    std::uint8_t const* w[kMats];
-    float const* scales[kMats];
+    WeightView w[kMats];
 #pragma unroll
-    for (int j = 0; j < kMats; ++j) {
-      WeightView const v = (is_shared ? p.shared_w[j] : p.w[j]).at(is_shared ? 0 : tile.expert);
-      w[j] = static_cast<std::uint8_t const*>(v.data);
-      scales[j] = kWBytes == 1 ? v.scale_row(n0) : nullptr;
-    }
-    auto const scale = [&](int j, std::int64_t k0) {
-      return (kMats == 1 || j == 0 ? scales[0] : scales[kMats - 1])[k0 / kFp8BlockSize];
-    };
+    for (int j = 0; j < kMats; ++j) w[j] = (is_shared ? p.shared_w[j] : p.w[j]).at(is_shared ? 0 : tile.expert);
     auto const token_row = [&](int t) -> std::int64_t {
       if (t >= tile.n) return -1;
       int const row = tile.row + t;
-      return p.row_token ? p.row_token[row] : row - p.part_row0;
+      return p.row_token ? p.row_token[row] : row - p.act_row0;
     };
     float acc[kMats][1][mma::kNTiles][4];
-    mma::multiply_tiles<1, kMats, kWBytes>(
-        k,
-        [&](std::int64_t k0, std::uint8_t* stage) {
-          mma::load_stage<1, kMats, kWBytes>(w, rows, n0, p.parts, p.part_stride, token_row, k, k0, stage);
-        },
-        scale, smem, acc);
+    if constexpr (kCodes) {
+      mb::multiply_groups<kF, 1, kMats>(
+          mb::warp_rows(w, n0 + warp * 16), k,
+          [&](std::int64_t kt, std::uint8_t* stage) { mb::load_stage<1>(p.codes, token_row, kt, stage); }, smem, acc);
+    } else {
+      std::uint8_t const* wb[kMats];
+      float const* scales[kMats];
+#pragma unroll
+      for (int j = 0; j < kMats; ++j) {
+        wb[j] = static_cast<std::uint8_t const*>(w[j].data);
+        scales[j] = kWBytes == 1 ? w[j].scale_row(n0) : nullptr;
+      }
+      auto const scale = [&](int j, std::int64_t k0) {
+        return (kMats == 1 || j == 0 ? scales[0] : scales[kMats - 1])[k0 / kFp8BlockSize];
+      };
+      mma::multiply_tiles<1, kMats, kWBytes>(
+          k,
+          [&](std::int64_t k0, std::uint8_t* stage) {
+            mma::load_stage<1, kMats, kWBytes>(wb, rows, n0, p.parts, p.part_stride, token_row, k, k0, stage);
+          },
+          scale, smem, acc);
+    }
 #pragma unroll
     for (int nt = 0; nt < mma::kNTiles; ++nt)
 #pragma unroll
@@ -262,6 +277,11 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads) expert_mma_kernel(
   }
 }
 
+/// Whether the tensor-core passes read format f: bf16, fp8 e4m3 and the block formats.
+__host__ __device__ constexpr bool mma_reads(WeightFormat f) {
+  return linear_cuda::mma::weight_bytes(f) > 0 || linear_cuda::mma_blocks::reads(f);
+}
+
 /// Launches expert_mma_kernel over at most max_tiles tiles, for the format of p.w.
 template <class Arch, MoeSpec S, int kMats>
 Status project_mma(MmaParams const& p, std::int64_t max_tiles, cudaStream_t stream) {
@@ -269,8 +289,8 @@ Status project_mma(MmaParams const& p, std::int64_t max_tiles, cudaStream_t stre
   dim3 const grid(static_cast<unsigned>((p.w[0].first.rows + mma::kBlockN - 1) / mma::kBlockN),
                   static_cast<unsigned>(std::clamp<std::int64_t>(max_tiles, 1, kMaxTileBlocks)));
   return linear_cuda::with_format<S>(p.w[0].first.format, [&]<WeightFormat kF>() {
-    if constexpr (mma::weight_bytes(kF) > 0) {
-      expert_mma_kernel<Arch, kMats, mma::weight_bytes(kF)><<<grid, mma::kThreads, 0, stream>>>(p);
+    if constexpr (mma_reads(kF)) {
+      expert_mma_kernel<Arch, kMats, kF><<<grid, mma::kThreads, 0, stream>>>(p);
       return cuda::last_launch_status();
     } else {
       return Status::kErrorNotSupported;
@@ -390,11 +410,13 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   };
   bool const merged = shared && same(shared->gate, routed.gate) && same(shared->up, routed.up) &&
                       same(shared->down, routed.down);
-  // Tensor cores when every expert's weights can be staged (bf16 or fp8; gate and up in one
-  // format) and the experts have rows for their 16-row tiles: four a used expert on average.
+  // Tensor cores when every matrix can be staged (bf16 or fp8 rows whole 16-byte copies, block
+  // formats' whole groups of codes; gate and up in one format) and the experts have rows for
+  // their 16-row tiles: four a used expert on average.
   auto mma_ready = [](StackedView const& w) {
-    return linear_cuda::mma::stageable(w.first) && w.data_stride % 16 == 0 &&
-           w.row0_stride % linear_cuda::mma::kBlockN == 0;
+    namespace mma = linear_cuda::mma;
+    return (mma::stageable(w.first) && w.data_stride % 16 == 0 && w.row0_stride % mma::kBlockN == 0) ||
+           linear_cuda::mma_blocks::stageable(w.first);
   };
   bool const use_mma =
       a.fused_swiglu && a.n_tokens >= linear_cuda::mma::kMinTokens && n_slots >= 4 * std::min(n_expert, n_slots) &&
@@ -439,9 +461,14 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     if (x_rounded[r]) xr_at[r] = ws.reserve<float>(a.n_tokens * d_model);
     if (act_rounded[r]) act_r_at[r] = ws.reserve<float>(rows * d_ff_max);
   }
-  constexpr int kParts = linear_cuda::mma::kParts;
-  std::size_t const x_parts_at = use_mma ? ws.reserve<std::uint16_t>(kParts * a.n_tokens * d_model) : 0,
-                    act_parts_at = use_mma ? ws.reserve<std::uint16_t>(kParts * rows * d_ff_max) : 0;
+  // The tensor-core passes' inputs: split into bf16 parts, or quantized to codes.
+  namespace mb = linear_cuda::mma_blocks;
+  auto mma_input_bytes = [](std::int64_t n_rows, std::int64_t k) {
+    return std::max(static_cast<std::size_t>(linear_cuda::mma::kParts * n_rows * k) * sizeof(std::uint16_t),
+                    mb::Activations::size(n_rows, k));
+  };
+  std::size_t const x_mma_at = use_mma ? ws.reserve<std::byte>(mma_input_bytes(a.n_tokens, d_model)) : 0,
+                    act_mma_at = use_mma ? ws.reserve<std::byte>(mma_input_bytes(rows, d_ff_max)) : 0;
   if (Status st = ws.allocate(stream); st != Status::kSuccess) return st;
   auto* const tiles = ws.at<Tile>(tiles_at);
   auto* const tile_count = ws.at<int>(tile_count_at);
@@ -463,14 +490,19 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
                                                           a.n_expert_used, shared ? a.shared_weights : nullptr);
     return cuda::last_launch_status();
   };
-  // Steps 2 to 4 on tensor cores: the tokens split once; per group, gate and up with SwiGLU,
-  // the SwiGLU outputs split, down.
+  // Steps 2 to 4 on tensor cores, per group: the tokens prepared for gate and up's format,
+  // gate and up with SwiGLU, the SwiGLU outputs prepared for down's, down.
   auto run_mma = [&]() -> Status {
-    auto* const x_parts = ws.at<std::uint16_t>(x_parts_at);
-    auto* const act_parts = ws.at<std::uint16_t>(act_parts_at);
-    if (Status st = linear_cuda::mma::split<Arch>(a.x, d_model, a.n_tokens, d_model, x_parts, stream);
-        st != Status::kSuccess)
-      return st;
+    // n_rows rows of k values (rows in_stride apart) into the piece at `at`, for format f.
+    auto prepare = [&](WeightFormat f, float const* in, std::int64_t in_stride, std::int64_t n_rows, std::int64_t k,
+                       std::size_t at, MmaParams& p) -> Status {
+      if (mb::reads(f)) {
+        p.codes = mb::Activations::in(ws.at<std::byte>(at), n_rows, k);
+        return mb::quantize<Arch>(f, in, in_stride, p.codes, stream);
+      }
+      p.parts = ws.at<std::uint16_t>(at), p.part_stride = n_rows * k;
+      return linear_cuda::mma::split<Arch>(in, in_stride, n_rows, k, ws.at<std::uint16_t>(at), stream);
+    };
     for (int gi = 0; gi < n_groups; ++gi) {
       Group const& g = groups[gi];
       std::int64_t const d_ff = g.set->gate.first.rows;
@@ -481,17 +513,18 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       p.tile_count = tile_count;
       p.dense_rows = static_cast<int>(g.rows);
       p.row_token = row_token;
-      p.parts = x_parts, p.part_stride = a.n_tokens * d_model;
       p.y = act, p.ys = d_ff_max;
-      if (Status st = project_mma<Arch, S, 2>(p, g.tiles, stream); st != Status::kSuccess) return st;
-      if (Status st = linear_cuda::mma::split<Arch>(act + g.row0 * d_ff_max, d_ff_max, g.rows, d_ff, act_parts, stream);
+      if (Status st = prepare(g.set->gate.first.format, a.x, d_model, a.n_tokens, d_model, x_mma_at, p);
           st != Status::kSuccess)
         return st;
+      if (Status st = project_mma<Arch, S, 2>(p, g.tiles, stream); st != Status::kSuccess) return st;
       p.w[0] = g.set->down, p.w[1] = {};
       p.shared_w[0] = g.shared ? g.shared->down : StackedView{}, p.shared_w[1] = {};
-      p.row_token = nullptr, p.part_row0 = g.row0;
-      p.parts = act_parts, p.part_stride = g.rows * d_ff;
+      p.row_token = nullptr, p.act_row0 = g.row0;
       p.y = y, p.ys = d_model;
+      if (Status st = prepare(g.set->down.first.format, act + g.row0 * d_ff_max, d_ff_max, g.rows, d_ff, act_mma_at, p);
+          st != Status::kSuccess)
+        return st;
       if (Status st = project_mma<Arch, S, 1>(p, g.tiles, stream); st != Status::kSuccess) return st;
     }
     return Status::kSuccess;

@@ -1,9 +1,10 @@
 /// @file
-/// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh. bf16 and fp8 weights over
-/// mma::kMinTokens tokens or more take the tensor-core path (mma.cuh); the rest this plain
-/// GEMV/GEMM. A warp owns kRows output rows and a tile of kTokens tokens, so each weight is
-/// read once per tile; the lanes share each stretch of a row and the warp sums. Sums are
-/// fp32. Each lane keeps several 16-byte weight loads in flight.
+/// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh. Over mma::kMinTokens tokens
+/// or more, bf16 and fp8 weights take the tensor-core path (mma.cuh), and block formats whose
+/// rows are whole groups of 32 theirs (mma_blocks.cuh); the rest this plain GEMV/GEMM. A warp
+/// owns kRows output rows and a tile of kTokens tokens, so each weight is read once per tile;
+/// the lanes share each stretch of a row and the warp sums. Sums are fp32. Each lane keeps
+/// several 16-byte weight loads in flight.
 /// - Element formats (f32, bf16, f16, fp8 e4m3 with its 128x128 scales): 16 bytes per lane
 ///   step when rows and activations are aligned, else one value at a time.
 /// - Block formats (q8_0, q4_k, q6_k, int4): the activations are first rounded as the CPU
@@ -11,18 +12,19 @@
 ///   stream's workspace (common/stream_workspace.cuh); the lanes of a warp then share each
 ///   weight block and decode their values into registers (warp_blocks.hpp) with the
 ///   dequantizer's float operations, and multiply them by the rounded activations, which is
-///   the reference's definition. Integer dot products are a later step.
+///   the reference's definition. Integer dot products here (decode) are a later step.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 
 #include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/linear/mma.cuh"
+#include "qflash/kernels/linear/mma_blocks.cuh"
+#include "qflash/kernels/linear/rounding.cuh"
 #include "qflash/kernels/linear/op.hpp"
 #include "qflash/kernels/linear/warp_blocks.hpp"
 
@@ -262,76 +264,9 @@ __global__ void __launch_bounds__(kThreads) linear_group_kernel(__grid_constant_
   linear_rows<kF, kAligned>(g.part[i], blockIdx.x - g.first_block[i]);
 }
 
-/// How a weight format's activations are rounded before its products (ref::round_activations).
-enum class Rounding { kNone, kQ8_0, kQ8K };
-__host__ __device__ constexpr Rounding rounding(WeightFormat f) {
-  if (f == WeightFormat::kQ4K || f == WeightFormat::kQ6K) return Rounding::kQ8K;
-  return f == WeightFormat::kQ8_0 || f == WeightFormat::kInt4 ? Rounding::kQ8_0 : Rounding::kNone;
-}
-
-/// Activations rounded as ref::round_activations rounds them, from x [n_tokens, cols] (rows xs
-/// apart) into xr (rows xrs apart): one warp per activation block. q8_0 blocks of 32 (a lane
-/// per value; int4's short last block padded with zeros), q8_k blocks of 256 (8 values per
-/// lane; the first value of largest magnitude sets the signed scale).
-template <class Arch>
-__global__ void __launch_bounds__(kThreads) round_kernel(Rounding r, float const* x, std::int64_t xs, std::int64_t n_tokens,
-                                                         std::int64_t cols, float* xr, std::int64_t xrs) {
-  bool const q8_k = r == Rounding::kQ8K;
-  int const bv = q8_k ? gguf::kQ4KBlockSize : gguf::kQ8_0BlockSize;
-  int const lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const blocks = (cols + bv - 1) / bv;
-  for (std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32; i < n_tokens * blocks;
-       i += static_cast<std::int64_t>(gridDim.x) * kWarps) {
-    std::int64_t const t = i / blocks, b = (i % blocks) * bv;
-    float const* in = x + t * xs + b;
-    float* out = xr + t * xrs + b;
-    if (!q8_k) {
-      int const len = static_cast<int>(std::min<std::int64_t>(bv, cols - b));
-      float const v = lane < len ? in[lane] : 0.0f;
-      float const amax = cuda::warp_max(fabsf(v));
-      float const d = to_float(to_fp16(amax / 127.0f));
-      float const id = amax != 0.0f ? 127.0f / amax : 0.0f;
-      auto const q = static_cast<std::int8_t>(qflash::detail::round_half_even(v * id));
-      if (lane < len) out[lane] = static_cast<float>(q) * d;
-      continue;
-    }
-  constexpr int kPer = gguf::kQ4KBlockSize / 32;
-    float v[kPer];
-    float amax = 0.0f, max = 0.0f;
-    int first = INT_MAX;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      v[j] = in[lane + 32 * j];
-      float const a = fabsf(v[j]);
-      if (a > amax) amax = a, max = v[j], first = lane + 32 * j;
-    }
-#pragma unroll
-    for (int m = 16; m > 0; m /= 2) {
-      float const oa = __shfl_xor_sync(0xffffffffu, amax, m);
-      float const om = __shfl_xor_sync(0xffffffffu, max, m);
-      int const of = __shfl_xor_sync(0xffffffffu, first, m);
-      if (oa > amax || (oa == amax && of < first)) amax = oa, max = om, first = of;
-    }
-    float const iscale = amax != 0.0f ? -127.0f / max : 0.0f;
-    float const d = amax != 0.0f ? 1.0f / iscale : 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      int const q = qflash::detail::round_half_even(iscale * v[j]);
-      out[lane + 32 * j] = d * static_cast<float>(static_cast<std::int8_t>(q < 127 ? q : 127));
-    }
-  }
-}
-
-/// Launches round_kernel over n_tokens rows (r != kNone).
-template <class Arch>
-Status round_rows(Rounding r, float const* x, std::int64_t xs, std::int64_t n_tokens, std::int64_t cols, float* xr,
-                  std::int64_t xrs, cudaStream_t stream) {
-  if (n_tokens == 0) return Status::kSuccess;
-  int const bv = r == Rounding::kQ8K ? gguf::kQ4KBlockSize : gguf::kQ8_0BlockSize;
-  std::int64_t const work = n_tokens * ((cols + bv - 1) / bv);
-  auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((work + kWarps - 1) / kWarps, 1 << 16));
-  round_kernel<Arch><<<blocks, kThreads, 0, stream>>>(r, x, xs, n_tokens, cols, xr, xrs);
-  return cuda::last_launch_status();
+/// Whether linear of `w` over n_tokens takes a tensor-core path.
+inline bool tensor_cores(WeightView const& w, std::int64_t n_tokens) {
+  return mma::usable(w, n_tokens) || mma_blocks::usable(w, n_tokens);
 }
 
 inline bool aligned16(void const* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -356,6 +291,9 @@ Status launch_format(Params p, cudaStream_t stream) {
       linear_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
     return cuda::last_launch_status();
   } else {
+    if constexpr (mma_blocks::reads(kF))
+      if (mma_blocks::usable(p.w, p.n_tokens))
+        return mma_blocks::launch<Arch, kF>(p.w, p.x, p.xs, p.n_tokens, p.y, p.ys, p.accumulate, stream);
     std::int64_t const cols = p.w.cols;
     void* const rounded = cuda::stream_workspace(stream, static_cast<std::size_t>(p.n_tokens * cols) * sizeof(float));
     if (!rounded) return Status::kErrorCuda;

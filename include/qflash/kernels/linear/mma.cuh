@@ -48,6 +48,11 @@ __device__ __forceinline__ void copy16(std::uint8_t* smem, void const* src, bool
   // src-size 0 fills the 16 bytes with zeros and reads nothing.
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+/// 4 bytes (cp.async.cg copies only 16); zeros when !valid.
+__device__ __forceinline__ void copy4(std::uint8_t* smem, void const* src, bool valid) {
+  auto const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void copy_wait() {
@@ -183,6 +188,26 @@ __device__ __forceinline__ void load_stage(std::uint8_t const* const (&w)[kMats]
   }
 }
 
+/// Writes a warp's sums for tokens [m0, m0 + 16 kMTiles) and weight rows [o0, o0 + 16) into
+/// y [m, ys] (added to it when accumulating), but for tokens past m and rows past n.
+template <int kMTiles>
+__device__ __forceinline__ void store(float const (&acc)[kMTiles][kNTiles][4], std::int64_t m0, std::int64_t m,
+                                      std::int64_t o0, std::int64_t n, float* y, std::int64_t ys, bool accumulate,
+                                      int lane) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        std::int64_t const t = m0 + mt * 16 + c_token(lane, r);
+        std::int64_t const o = o0 + nt * 8 + c_row(lane, r);
+        if (t >= m || o >= n) continue;
+        float& out = y[t * ys + o];
+        out = accumulate ? acc[mt][nt][r] + out : acc[mt][nt][r];
+      }
+}
+
 /// Grid: x weight-row tiles of kBlockN, y token tiles of 16 kMTiles (strided past gridDim.y).
 template <class Arch, int kMTiles, int kWBytes>
 __global__ void __launch_bounds__(kThreads) mma_kernel(Params const p) {
@@ -204,18 +229,7 @@ __global__ void __launch_bounds__(kThreads) mma_kernel(Params const p) {
           load_stage<kMTiles, 1, kWBytes>(w, n, n0, p.parts, p.m * k, token_row, k, k0, stage);
         },
         scale, smem, acc);
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          std::int64_t const t = m0 + mt * 16 + c_token(lane, r);
-          std::int64_t const o = n0 + warp * 16 + nt * 8 + c_row(lane, r);
-          if (t >= p.m || o >= n) continue;
-          float& out = p.y[t * p.ys + o];
-          out = p.accumulate ? acc[0][mt][nt][r] + out : acc[0][mt][nt][r];
-        }
+    store(acc[0], m0, p.m, n0 + warp * 16, n, p.y, p.ys, p.accumulate, lane);
   }
 }
 

@@ -23,7 +23,7 @@ inline bool one_launch(LinearGroupArgs const& a) {
   std::int64_t const xs = first.x_stride ? first.x_stride : first.w.cols;
   bool const vec = linear_cuda::vector_path(first.w, first.x, xs);
   return a.n_parts > 1 && std::all_of(a.used().begin(), a.used().end(), [&](LinearArgs const& p) {
-           return p.w.format == first.w.format && !linear_cuda::mma::usable(p.w, p.n_tokens) &&
+           return p.w.format == first.w.format && !linear_cuda::tensor_cores(p.w, p.n_tokens) &&
                   linear_cuda::vector_path(p.w, first.x, xs) == vec;
          });
 }

@@ -1,0 +1,48 @@
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 run on the host over a warp's registers,
+// for tests of the CUDA tensor-core tiles (kernels/linear/mma_tile.hpp, mma_blocks.hpp).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "qflash/numeric/bf16.hpp"
+
+namespace qflash::test {
+
+using Regs4 = std::array<std::uint32_t, 4>;
+using Regs2 = std::array<std::uint32_t, 2>;
+using Acc = std::array<float, 4>;
+
+inline float bf16_lo(std::uint32_t word) { return to_float(Bf16{static_cast<std::uint16_t>(word & 0xFFFF)}); }
+inline float bf16_hi(std::uint32_t word) { return to_float(Bf16{static_cast<std::uint16_t>(word >> 16)}); }
+
+/// c += a b, each register's values placed where the PTX ISA's fragment tables put them
+/// ("Matrix Fragments for mma.m16n8k16 with floating point type"; g = lane >> 2, t = lane % 4):
+///   A 16x16: register r holds A[g + 8 (r % 2)][2t + 8 (r / 2) + {0, 1}] (low half first);
+///   B 16x8:  register r holds B[2t + 8 r + {0, 1}][g];
+///   C 16x8:  c[r] is C[g + 8 (r / 2)][2t + r % 2].
+inline void emulate_mma(std::array<Acc, 32>& c, std::array<Regs4, 32> const& a, std::array<Regs2, 32> const& b) {
+  float A[16][16], B[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    int const g = lane >> 2, t = lane % 4;
+    for (int r = 0; r < 4; ++r) {
+      A[g + 8 * (r % 2)][2 * t + 8 * (r / 2)] = bf16_lo(a[lane][r]);
+      A[g + 8 * (r % 2)][2 * t + 8 * (r / 2) + 1] = bf16_hi(a[lane][r]);
+    }
+    for (int r = 0; r < 2; ++r) {
+      B[2 * t + 8 * r][g] = bf16_lo(b[lane][r]);
+      B[2 * t + 8 * r + 1][g] = bf16_hi(b[lane][r]);
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    int const g = lane >> 2, t = lane % 4;
+    for (int r = 0; r < 4; ++r) {
+      int const i = g + 8 * (r / 2), j = 2 * t + r % 2;
+      float s = c[lane][r];
+      for (int k = 0; k < 16; ++k) s += A[i][k] * B[k][j];
+      c[lane][r] = s;
+    }
+  }
+}
+
+}  // namespace qflash::test

@@ -140,7 +140,10 @@ void check_instance() {
   }
   if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kInt4)
     check_case<S, Tag>({WeightFormat::kInt4, 33, 160, 40});  // a short last int4 block
-  if constexpr (S.weights == WeightFormat::kAny) check_group<S, Tag>(WeightFormat::kBf16, 5, WeightFormat::kQ8_0);
+  if constexpr (S.weights == WeightFormat::kAny) {
+    check_group<S, Tag>(WeightFormat::kBf16, 5, WeightFormat::kQ8_0);
+    check_group<S, Tag>(WeightFormat::kQ4K, 20, WeightFormat::kQ6K);  // one quantization, two formats
+  }
   if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kF32)
     check_case<S, Tag>({WeightFormat::kF32, 8, 32, 300000});  // token tiles past the grid's
 }

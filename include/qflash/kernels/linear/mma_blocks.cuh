@@ -235,15 +235,12 @@ __global__ void __launch_bounds__(mma::kThreads, 1) mma_blocks_kernel(Params con
   }
 }
 
-/// y = x W^T (+ y) through the quantize and mma kernels for block format kF (usable(w, m)).
+/// y = x W^T (+ y) for block format kF (usable(w, a.rows)) over activations quantized for it.
 template <class Arch, WeightFormat kF>
-Status launch(WeightView const& w, float const* x, std::int64_t xs, std::int64_t m, float* y, std::int64_t ys,
-              bool accumulate, cudaStream_t stream) {
-  void* const ws = cuda::stream_workspace(stream, Activations::size(m, w.cols));
-  if (!ws) return Status::kErrorCuda;
-  Activations const a = Activations::in(ws, m, w.cols);
-  if (Status s = quantize<Arch>(kF, x, xs, a, stream); s != Status::kSuccess) return s;
+Status multiply(WeightView const& w, Activations const& a, float* y, std::int64_t ys, bool accumulate,
+                cudaStream_t stream) {
   Params const p{w, a, y, ys, accumulate};
+  std::int64_t const m = a.rows;
   auto const n_tiles = static_cast<unsigned>((w.rows + mma::kBlockN - 1) / mma::kBlockN);
   auto grid = [&](int block_m) {
     return dim3(n_tiles, static_cast<unsigned>(std::min<std::int64_t>((m + block_m - 1) / block_m, 65535)));
@@ -254,6 +251,24 @@ Status launch(WeightView const& w, float const* x, std::int64_t xs, std::int64_t
   else
     mma_blocks_kernel<Arch, kF, 1><<<grid(Tile<1>::kBlockM), mma::kThreads, 0, stream>>>(p);
   return cuda::last_launch_status();
+}
+
+/// Activations for m tokens of k values in the stream's workspace, or kErrorCuda.
+inline Status workspace(std::int64_t m, std::int64_t k, cudaStream_t stream, Activations& a) {
+  void* const ws = cuda::stream_workspace(stream, Activations::size(m, k));
+  if (!ws) return Status::kErrorCuda;
+  a = Activations::in(ws, m, k);
+  return Status::kSuccess;
+}
+
+/// y = x W^T (+ y) through the quantize and mma kernels for block format kF (usable(w, m)).
+template <class Arch, WeightFormat kF>
+Status launch(WeightView const& w, float const* x, std::int64_t xs, std::int64_t m, float* y, std::int64_t ys,
+              bool accumulate, cudaStream_t stream) {
+  Activations a{};
+  if (Status s = workspace(m, w.cols, stream, a); s != Status::kSuccess) return s;
+  if (Status s = quantize<Arch>(kF, x, xs, a, stream); s != Status::kSuccess) return s;
+  return multiply<Arch, kF>(w, a, y, ys, accumulate, stream);
 }
 
 }  // namespace qflash::kernels::linear_cuda::mma_blocks

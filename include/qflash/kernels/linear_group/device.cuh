@@ -3,7 +3,9 @@
 /// sm90a.cuh. When every part has one format and takes linear's GEMV path with the same
 /// loads (decode: fewer tokens than the tensor-core path wants), one launch of
 /// linear_group_kernel covers every part's rows, after one rounding of the input for block
-/// formats; each row's sums are linear_kernel's. Otherwise a linear launch per part.
+/// formats; each row's sums are linear_kernel's. When every part takes the block formats'
+/// tensor-core path with one rounding (q4_k and q6_k share q8_k's), one quantization of the
+/// input serves each part's launch. Otherwise a linear launch per part.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +30,16 @@ inline bool one_launch(LinearGroupArgs const& a) {
          });
 }
 
+/// Whether the parts of `a` (checked) all take the block formats' tensor-core path with one
+/// rounding of the input, so that one quantization serves them.
+inline bool one_quantization(LinearGroupArgs const& a) {
+  LinearArgs const& first = a.parts[0];
+  return a.n_parts > 1 && std::all_of(a.used().begin(), a.used().end(), [&](LinearArgs const& p) {
+           return linear_cuda::mma_blocks::usable(p.w, p.n_tokens) &&
+                  linear_cuda::rounding(p.w.format) == linear_cuda::rounding(first.w.format);
+         });
+}
+
 /// The body of `launch_linear_group<S>(Arch, args, stream)` for a CUDA arch tag.
 template <class Arch, MoeSpec S>
 Status launch(LinearGroupArgs const& a, stream_t stream_arg) {
@@ -35,6 +47,25 @@ Status launch(LinearGroupArgs const& a, stream_t stream_arg) {
   if (Status s = can_implement_linear_group<S>(a); s != Status::kSuccess) return s;
   if (a.parts[0].n_tokens == 0) return Status::kSuccess;
   auto const stream = static_cast<cudaStream_t>(stream_arg);
+  if (one_quantization(a)) {
+    namespace mb = linear_cuda::mma_blocks;
+    Params const first = params_of(a.parts[0]);
+    mb::Activations codes{};
+    if (Status s = mb::workspace(first.n_tokens, first.w.cols, stream, codes); s != Status::kSuccess) return s;
+    if (Status s = mb::quantize<Arch>(first.w.format, first.x, first.xs, codes, stream); s != Status::kSuccess)
+      return s;
+    for (LinearArgs const& part : a.used()) {
+      Params const p = params_of(part);
+      Status const s = with_format<S>(p.w.format, [&]<WeightFormat kF>() {
+        if constexpr (mb::reads(kF))
+          return mb::multiply<Arch, kF>(p.w, codes, p.y, p.ys, p.accumulate, stream);
+        else
+          return Status::kErrorNotSupported;
+      });
+      if (s != Status::kSuccess) return s;
+    }
+    return Status::kSuccess;
+  }
   if (!one_launch(a)) {
     for (LinearArgs const& part : a.used())
       if (Status s = linear_cuda::launch<Arch, S>(part, stream); s != Status::kSuccess) return s;

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "qflash/kernels/expert_ffn/cpu.hpp"
-#include "qflash/kernels/linear/mma_blocks.hpp"
+#include "qflash/kernels/linear/block_codes.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "support/expert_case.hpp"
 #include "support/random.hpp"
@@ -165,7 +165,7 @@ void check_instance() {
       check_case<S, Tag>(c);
       c.tokens = 19, c.fused = false;
       check_case<S, Tag>(c);
-      if (f == WeightFormat::kBf16 || f == WeightFormat::kFp8E4m3 || linear_cuda::mma_blocks::reads(f)) {
+      if (f == WeightFormat::kBf16 || f == WeightFormat::kFp8E4m3 || linear_cuda::reads_codes(f)) {
         // Tensor cores: the shared expert in its own launches, then merged.
         c.tokens = 40, c.fused = true;
         check_case<S, Tag>(c);

@@ -3,12 +3,13 @@
 ///  1. group (one block): the route slots counted per expert and given rows grouped by
 ///     expert (the shared expert's rows first, one per token), cut into tiles of at most
 ///     linear_cuda::kTokens rows of one expert;
-///  2. the tokens rounded once per rounding the gate and up formats ask for (kernels/linear);
+///  2. the tokens quantized once per rounding the gate and up formats ask for (kernels/linear);
 ///  3. gate and up with SwiGLU: a warp owns one d_ff row of a tile's expert and computes both
-///     projections for the tile's rows with linear's lane_dot, so each weight row is read
-///     once per tile; when gate and up differ in format, or fused_swiglu is false, gate runs
-///     in its own pass and up's pass applies SwiGLU to it (a warp owning two rows there);
-///  4. the SwiGLU outputs rounded for down's format; down per tile, two rows per warp;
+///     projections for the tile's rows with linear's lane_dot (lane_dot_codes for block
+///     formats), so each weight row is read once per tile; when gate and up differ in format,
+///     or fused_swiglu is false, gate runs in its own pass and up's pass applies SwiGLU to it
+///     (a warp owning two rows there);
+///  4. the SwiGLU outputs quantized for down's format; down per tile, two rows per warp;
 ///  5. combine: out[t] += w_j y[row of slot j] in slot order, then the shared expert's.
 /// Steps 3 and 4 serve the shared expert in the same launches when it has the routed experts'
 /// formats and shapes (its tiles, expert -1, lead the list); else it has its own, first.
@@ -138,8 +139,9 @@ struct ProjectParams {
   int const* tile_count;
   int dense_rows;
   int const* row_token;  ///< x's row of each pair row; null: the pair row itself
-  float const* x;        ///< [.., xs] the projection's input (rounded for block formats)
+  float const* x;        ///< [.., xs] the projection's input
   std::int64_t xs;
+  linear_cuda::Codes8 codes;  ///< block formats: x as codes (rows as x's)
   float* y;  ///< [pair rows, ys]
   std::int64_t ys;
 };
@@ -159,11 +161,11 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
   int const n_tiles = tile_total(p.tiles, p.tile_count, p.dense_rows, kTokens);
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
     Tile const tile = tile_at(p.tiles, p.dense_rows, kTokens, i);
-    float const* x[kTokens];
+    std::int64_t x_row[kTokens];
 #pragma unroll
     for (int tt = 0; tt < kTokens; ++tt) {
       int const row = tile.row + (tt < tile.n ? tt : 0);
-      x[tt] = p.x + static_cast<std::int64_t>(p.row_token ? p.row_token[row] : row) * p.xs;
+      x_row[tt] = p.row_token ? p.row_token[row] : row;
     }
     bool const is_shared = tile.expert < 0;
     int const e = is_shared ? 0 : tile.expert;
@@ -177,7 +179,14 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
       w_rows[1] = linear_cuda::row_ref<kF>(w, min(o0 + 1, rows - 1));
     }
     float acc[2][kTokens] = {};
-    linear_cuda::lane_dot<kF, kAligned>(w_rows, w.cols, x, tile.n, lane, acc);
+    if constexpr (linear_cuda::reads_codes(kF)) {
+      linear_cuda::lane_dot_codes<kF>(w_rows, p.codes, x_row, tile.n, lane, acc);
+    } else {
+      float const* x[kTokens];
+#pragma unroll
+      for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + x_row[tt] * p.xs;
+      linear_cuda::lane_dot<kF, kAligned>(w_rows, w.cols, x, tile.n, lane, acc);
+    }
 #pragma unroll
     for (int tt = 0; tt < kTokens; ++tt) {
       float const a0 = cuda::warp_sum(acc[0][tt]);  // every lane takes part
@@ -222,7 +231,7 @@ template <class Arch, int kMats, WeightFormat kF>
 __global__ void __launch_bounds__(linear_cuda::mma::kThreads, 1) expert_mma_kernel(MmaParams const p) {
   namespace mma = linear_cuda::mma;
   namespace mb = linear_cuda::mma_blocks;
-  constexpr bool kCodes = mb::reads(kF);
+  constexpr bool kCodes = linear_cuda::reads_codes(kF);
   constexpr int kWBytes = mma::weight_bytes(kF);
   constexpr int kStageBytes = kCodes ? mb::Tile<1>::kStageBytes : mma::Tile<1, kMats, kWBytes>::kStageBytes;
   __shared__ alignas(16) std::uint8_t smem[2][kStageBytes];
@@ -279,7 +288,7 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads, 1) expert_mma_kern
 
 /// Whether the tensor-core passes read format f: bf16, fp8 e4m3 and the block formats.
 __host__ __device__ constexpr bool mma_reads(WeightFormat f) {
-  return linear_cuda::mma::weight_bytes(f) > 0 || linear_cuda::mma_blocks::reads(f);
+  return linear_cuda::mma::weight_bytes(f) > 0 || linear_cuda::reads_codes(f);
 }
 
 /// Launches expert_mma_kernel over at most max_tiles tiles, for the format of p.w.
@@ -456,10 +465,12 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       x_rounded[static_cast<int>(linear_cuda::rounding(set->up.first.format))] = true;
       act_rounded[static_cast<int>(linear_cuda::rounding(set->down.first.format))] = true;
     }
+  using linear_cuda::Codes8;
+  using linear_cuda::padded_cols;
   std::size_t xr_at[kRoundings] = {}, act_r_at[kRoundings] = {};
   for (int r = 1; r < kRoundings; ++r) {
-    if (x_rounded[r]) xr_at[r] = ws.reserve<float>(a.n_tokens * d_model);
-    if (act_rounded[r]) act_r_at[r] = ws.reserve<float>(rows * d_ff_max);
+    if (x_rounded[r]) xr_at[r] = ws.reserve<std::byte>(Codes8::size(a.n_tokens, padded_cols(d_model)));
+    if (act_rounded[r]) act_r_at[r] = ws.reserve<std::byte>(Codes8::size(rows, padded_cols(d_ff_max)));
   }
   // The tensor-core passes' inputs: split into bf16 parts, or quantized to codes.
   namespace mb = linear_cuda::mma_blocks;
@@ -476,10 +487,15 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   auto* const slot_row = ws.at<int>(slot_row_at);
   auto* const act = ws.at<float>(act_at);
   auto* const y = ws.at<float>(y_at);
-  // Format f's input: x, or its rounding into the piece at[rounding].
-  auto input = [&](std::size_t const (&at)[kRoundings], WeightFormat f, float const* x) -> float const* {
-    Rounding const r = linear_cuda::rounding(f);
-    return r == Rounding::kNone ? x : ws.at<float>(at[static_cast<int>(r)]);
+  // Rows of cols values as codes for rounding r, in the piece at[r].
+  auto codes_in = [&](std::size_t const (&at)[kRoundings], Rounding r, std::int64_t n_rows, std::int64_t cols) {
+    return Codes8::in(ws.at<std::byte>(at[static_cast<int>(r)]), n_rows, padded_cols(cols));
+  };
+  // p's input for format f: x (rows xs apart), and for block formats its codes at[rounding].
+  auto input = [&](ProjectParams& p, std::size_t const (&at)[kRoundings], WeightFormat f, float const* x,
+                   std::int64_t xs, std::int64_t n_rows, std::int64_t cols) {
+    p.x = x, p.xs = xs;
+    if (Rounding const r = linear_cuda::rounding(f); r != Rounding::kNone) p.codes = codes_in(at, r, n_rows, cols);
   };
 
   // 5. Combine.
@@ -496,9 +512,9 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     // n_rows rows of k values (rows in_stride apart) into the piece at `at`, for format f.
     auto prepare = [&](WeightFormat f, float const* in, std::int64_t in_stride, std::int64_t n_rows, std::int64_t k,
                        std::size_t at, MmaParams& p) -> Status {
-      if (mb::reads(f)) {
+      if (linear_cuda::reads_codes(f)) {
         p.codes = mb::Activations::in(ws.at<std::byte>(at), n_rows, k);
-        return mb::quantize<Arch>(f, in, in_stride, p.codes, stream);
+        return linear_cuda::quantize<Arch>(linear_cuda::rounding(f), in, in_stride, k, p.codes, stream);
       }
       p.parts = ws.at<std::uint16_t>(at), p.part_stride = n_rows * k;
       return linear_cuda::mma::split<Arch>(in, in_stride, n_rows, k, ws.at<std::uint16_t>(at), stream);
@@ -540,15 +556,16 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       if (Status st = run_mma(); st != Status::kSuccess) return st;
       return combine();
     }
-    // 2. The tokens rounded.
+    // 2. The tokens quantized.
     for (int r = 1; r < kRoundings; ++r)
       if (x_rounded[r])
-        if (Status st = linear_cuda::round_rows<Arch>(static_cast<Rounding>(r), a.x, d_model, a.n_tokens, d_model,
-                                                       ws.at<float>(xr_at[r]), d_model, stream);
+        if (Status st = linear_cuda::quantize<Arch>(static_cast<Rounding>(r), a.x, d_model, d_model,
+                                                     codes_in(xr_at, static_cast<Rounding>(r), a.n_tokens, d_model),
+                                                     stream);
             st != Status::kSuccess)
           return st;
-    // Unused routed rows stay zero for the rounding of step 4 (block formats' down reads them
-    // rounded; other formats read only the rows of tiles).
+    // Unused routed rows stay zero for the quantization of step 4 (block formats' down
+    // quantizes every row of its group; other formats read only the rows of tiles).
     if (act_rounded[1] || act_rounded[2])
       if (cudaMemsetAsync(act, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
         return Status::kErrorCuda;
@@ -562,32 +579,34 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       p.tile_count = tile_count;
       p.dense_rows = static_cast<int>(g.rows);
       p.row_token = row_token;
-      p.xs = d_model;
       p.y = act;
       p.ys = d_ff_max;
       WeightFormat const gf = set->gate.first.format, uf = set->up.first.format;
       if (gf == uf && a.fused_swiglu) {
-        p.w = set->gate, p.up = set->up, p.x = input(xr_at, gf, a.x);
+        p.w = set->gate, p.up = set->up;
+        input(p, xr_at, gf, a.x, d_model, a.n_tokens, d_model);
         if (g.shared) p.shared_w = g.shared->gate, p.shared_up = g.shared->up;
         if (Status st = project<Arch, S>(Pass::kGateUp, p, g.tiles, stream); st != Status::kSuccess) return st;
       } else {
-        p.w = set->gate, p.x = input(xr_at, gf, a.x);
+        p.w = set->gate;
+        input(p, xr_at, gf, a.x, d_model, a.n_tokens, d_model);
         if (g.shared) p.shared_w = g.shared->gate;
         if (Status st = project<Arch, S>(Pass::kGate, p, g.tiles, stream); st != Status::kSuccess) return st;
-        p.w = set->up, p.x = input(xr_at, uf, a.x);
+        p.w = set->up;
+        input(p, xr_at, uf, a.x, d_model, a.n_tokens, d_model);
         if (g.shared) p.shared_w = g.shared->up;
         if (Status st = project<Arch, S>(Pass::kUpSwiglu, p, g.tiles, stream); st != Status::kSuccess) return st;
       }
       WeightFormat const df = set->down.first.format;
       if (Rounding const r = linear_cuda::rounding(df); r != Rounding::kNone)
-        if (Status st = linear_cuda::round_rows<Arch>(r, act + g.row0 * d_ff_max, d_ff_max, g.rows, d_ff,
-                                                       ws.at<float>(act_r_at[static_cast<int>(r)]) + g.row0 * d_ff_max,
-                                                       d_ff_max, stream);
+        if (Status st = linear_cuda::quantize<Arch>(r, act + g.row0 * d_ff_max, d_ff_max, d_ff,
+                                                     codes_in(act_r_at, r, rows, d_ff).slice(g.row0, g.rows), stream);
             st != Status::kSuccess)
           return st;
       p.w = set->down, p.up = {}, p.shared_up = {};
       if (g.shared) p.shared_w = g.shared->down;
-      p.row_token = nullptr, p.x = input(act_r_at, df, act), p.xs = d_ff_max;
+      p.row_token = nullptr;
+      input(p, act_r_at, df, act, d_ff_max, rows, d_ff);
       p.y = y, p.ys = d_model;
       if (Status st = project<Arch, S>(Pass::kDown, p, g.tiles, stream); st != Status::kSuccess) return st;
     }

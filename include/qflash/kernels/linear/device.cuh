@@ -7,12 +7,11 @@
 /// several 16-byte weight loads in flight.
 /// - Element formats (f32, bf16, f16, fp8 e4m3 with its 128x128 scales): 16 bytes per lane
 ///   step when rows and activations are aligned, else one value at a time.
-/// - Block formats (q8_0, q4_k, q6_k, int4): the activations are first rounded as the CPU
-///   rounds them (ref::round_activations: q8_0 blocks of 32, q8_k blocks of 256) into the
-///   stream's workspace (common/stream_workspace.cuh); the lanes of a warp then share each
-///   weight block and decode their values into registers (warp_blocks.hpp) with the
-///   dequantizer's float operations, and multiply them by the rounded activations, which is
-///   the reference's definition. Integer dot products here (decode) are a later step.
+/// - Block formats (q8_0, q4_k, q6_k, int4): the activations are first rounded to 8-bit codes
+///   as the CPU rounds them (rounding.cuh: q8_0 blocks of 32, q8_k blocks of 256) into the
+///   stream's workspace (common/stream_workspace.cuh), with each 32-column group's scale and
+///   code sum; a lane then takes 16 columns at a time, reads their weight codes and spans
+///   (block_codes.hpp) and sums the products of codes with dp4a, each span scaled.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,11 +21,11 @@
 
 #include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
+#include "qflash/kernels/linear/block_codes.hpp"
 #include "qflash/kernels/linear/mma.cuh"
 #include "qflash/kernels/linear/mma_blocks.cuh"
-#include "qflash/kernels/linear/rounding.cuh"
 #include "qflash/kernels/linear/op.hpp"
-#include "qflash/kernels/linear/warp_blocks.hpp"
+#include "qflash/kernels/linear/rounding.cuh"
 
 namespace qflash::kernels::linear_cuda {
 
@@ -42,12 +41,12 @@ inline constexpr int kLaneValues = 16 / static_cast<int>(row_bytes(kF, 1));
 /// Lane steps whose loads are issued before their products.
 template <WeightFormat kF>
 inline constexpr int kSteps = kF == WeightFormat::kFp8E4m3 ? 2 : 4;
-/// Blocks per lane whose loads are issued before their products (block formats).
-inline constexpr int kBlockSteps = 2;
+/// The activations of block formats: int8 codes (rounding.cuh).
+using Codes8 = CodeRows<std::int8_t>;
 
 struct Params {
   WeightView w;
-  float const* x;  // [n_tokens, xs]: the inputs, or the rounded activations [n_tokens, cols]
+  float const* x;  // [n_tokens, xs]
   float* y;
   std::int64_t n_tokens;
   std::int64_t xs;
@@ -111,17 +110,11 @@ __device__ __forceinline__ void load_run(float const* p, float* v) {
   }
 }
 
-/// Consecutive values a lane decodes from a block whose activations are aligned to them: q8_0
-/// and q4_k in fours, q6_k in pairs; int4 one at a time (its rows may have any length).
-template <WeightFormat kF>
-inline constexpr int kRun = kF == WeightFormat::kInt4 ? 1 : (kF == WeightFormat::kQ6K ? 2 : 4);
-
 /// This lane's share of row[r] · x[tt] for the first nt of kTokens tokens, added to acc[r][tt];
 /// the warp's sums of acc are the dot products. Element formats: kLaneValues columns per lane
 /// step when kAligned (16-byte aligned rows and activations, cols a multiple of kLaneValues),
-/// else one column; block formats: the warp shares blocks (WarpBlocks), over activations
-/// already rounded (round_kernel) in rows aligned to 16 bytes. x[tt] for tt >= nt must still
-/// point at readable memory (a valid token's row).
+/// else one column. x[tt] for tt >= nt must still point at readable memory (a valid token's
+/// row).
 template <WeightFormat kF, bool kAligned, int kR>
 __device__ __forceinline__ void lane_dot(RowRef const (&row)[kR], std::int64_t cols, float const* const (&x)[kTokens],
                                          int nt, int lane, float (&acc)[kR][kTokens]) {
@@ -170,39 +163,37 @@ __device__ __forceinline__ void lane_dot(RowRef const (&row)[kR], std::int64_t c
         }
       }
     }
-  } else {
-    using W = WarpBlocks<kF>;
-    constexpr int kBV = block_values(kF), kBlocks = kWarpBlocks<kF>, kU = kBlockSteps, kN = kRun<kF>;
-    constexpr std::int64_t kBlockBytes = row_bytes(kF, kBV);
-    int const part = lane % W::kLanesPerBlock;
-    std::int64_t const n_blocks = (cols + kBV - 1) / kBV;
-    for (std::int64_t b0 = lane / W::kLanesPerBlock; b0 < n_blocks; b0 += kBlocks * kU) {
-      float wv[kR][kU][W::kValues];
+  }
+}
+
+/// lane_dot for block format kF over the activations' codes `a`, rows token[tt]: the lane takes
+/// 16 columns at a time, 512 apart (block_codes.hpp's add_sixteen). token[tt] for tt >= nt
+/// must still be a row of a.
+template <WeightFormat kF, int kR>
+__device__ __forceinline__ void lane_dot_codes(RowRef const (&row)[kR], Codes8 const& a,
+                                               std::int64_t const (&token)[kTokens], int nt, int lane,
+                                               float (&acc)[kR][kTokens]) {
+  using C = Codes<kF>;
+#pragma unroll 2  // two steps' loads in flight
+  for (std::int64_t c = static_cast<std::int64_t>(lane) * 16; c < a.k; c += 32 * 16) {
+    std::int64_t const g = c / kGroup;
+    std::uint32_t w[kR][4];
+    Affine span[kR];
 #pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (b0 + u * kBlocks < n_blocks)
+    for (int r = 0; r < kR; ++r) {
 #pragma unroll
-          for (int r = 0; r < kR; ++r) W::decode(row[r].data + (b0 + u * kBlocks) * kBlockBytes, part, wv[r][u]);
+      for (int v = 0; v < 4; ++v) w[r][v] = C::word(row[r].data, c + 4 * v);
+      span[r] = C::affine(row[r].data, c / C::kSpan * C::kSpan);
+    }
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        std::int64_t const b = b0 + u * kBlocks;
-        if (b >= n_blocks) break;
+    for (int tt = 0; tt < kTokens; ++tt) {
+      if (tt >= nt) break;
+      uint4 const q = *reinterpret_cast<uint4 const*>(a.codes + token[tt] * a.k + c);
+      std::uint32_t const qa[4] = {q.x, q.y, q.z, q.w};
+      std::int64_t const at = g * a.stride + token[tt];
+      float const scale = a.scales[at], sum = a.sums[at];
 #pragma unroll
-        for (int tt = 0; tt < kTokens; ++tt) {
-          if (tt >= nt) break;
-#pragma unroll
-          for (int v = 0; v < W::kValues; v += kN) {
-            std::int64_t const i = b * kBV + W::index(part, v);
-            float xv[kN];
-            if (kF == WeightFormat::kInt4 && i >= cols) break;  // a short last group's padding
-            load_run<kN>(x[tt] + i, xv);
-#pragma unroll
-            for (int r = 0; r < kR; ++r)
-#pragma unroll
-              for (int e = 0; e < kN; ++e) acc[r][tt] = fmaf(wv[r][u][v + e], xv[e], acc[r][tt]);
-          }
-        }
-      }
+      for (int r = 0; r < kR; ++r) acc[r][tt] = add_sixteen(acc[r][tt], w[r], qa, scale, sum, span[r], c);
     }
   }
 }
@@ -214,9 +205,9 @@ __device__ __forceinline__ void store(Params const& p, std::int64_t t, std::int6
 
 /// Rows [o0, o0 + kRows) of p, o0 from the CTA's index among p's CTAs (`block`), for every
 /// token tile of the CTA's column (blockIdx.y, strided): linear_kernel's body, and each part's
-/// in linear_group_kernel. Block formats read p.x rounded.
+/// in linear_group_kernel. Block formats read `codes` (x as codes, a row per token).
 template <WeightFormat kF, bool kAligned>
-__device__ __forceinline__ void linear_rows(Params const& p, std::int64_t block) {
+__device__ __forceinline__ void linear_rows(Params const& p, Codes8 const& codes, std::int64_t block) {
   int const lane = static_cast<int>(threadIdx.x % 32);
   std::int64_t const o0 = (block * kWarps + threadIdx.x / 32) * kRows;
   if (o0 >= p.w.rows) return;
@@ -226,11 +217,18 @@ __device__ __forceinline__ void linear_rows(Params const& p, std::int64_t block)
   for (std::int64_t t0 = static_cast<std::int64_t>(blockIdx.y) * kTokens; t0 < p.n_tokens;
        t0 += static_cast<std::int64_t>(gridDim.y) * kTokens) {
     int const nt = static_cast<int>(std::min<std::int64_t>(kTokens, p.n_tokens - t0));
-    float const* x[kTokens];
-#pragma unroll
-    for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + (t0 + (tt < nt ? tt : 0)) * p.xs;
     float acc[kRows][kTokens] = {};
-    lane_dot<kF, kAligned>(rows, p.w.cols, x, nt, lane, acc);
+    if constexpr (reads_codes(kF)) {
+      std::int64_t token[kTokens];
+#pragma unroll
+      for (int tt = 0; tt < kTokens; ++tt) token[tt] = t0 + (tt < nt ? tt : 0);
+      lane_dot_codes<kF>(rows, codes, token, nt, lane, acc);
+    } else {
+      float const* x[kTokens];
+#pragma unroll
+      for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + (t0 + (tt < nt ? tt : 0)) * p.xs;
+      lane_dot<kF, kAligned>(rows, p.w.cols, x, nt, lane, acc);
+    }
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -244,7 +242,13 @@ __device__ __forceinline__ void linear_rows(Params const& p, std::int64_t block)
 /// Grid: x rows by kWarps * kRows, y token tiles (strided).
 template <class Arch, WeightFormat kF, bool kAligned>
 __global__ void __launch_bounds__(kThreads) linear_kernel(Params const p) {
-  linear_rows<kF, kAligned>(p, blockIdx.x);
+  linear_rows<kF, kAligned>(p, Codes8{}, blockIdx.x);
+}
+
+/// linear_kernel for block formats, over x as codes.
+template <class Arch, WeightFormat kF>
+__global__ void __launch_bounds__(kThreads, 2) linear_codes_kernel(Params const p, Codes8 const codes) {
+  linear_rows<kF, false>(p, codes, blockIdx.x);
 }
 
 /// Projections of one input in one launch (kernels/linear_group): parts of one format, sharing
@@ -252,16 +256,17 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(Params const p) {
 struct GroupParams {
   static constexpr int kMaxParts = 4;
   Params part[kMaxParts];
+  Codes8 codes;  ///< block formats: x as codes
   unsigned first_block[kMaxParts];
   int n_parts;
 };
 
 /// Grid: x every part's rows by kWarps * kRows, one part after another; y token tiles.
 template <class Arch, WeightFormat kF, bool kAligned>
-__global__ void __launch_bounds__(kThreads) linear_group_kernel(__grid_constant__ GroupParams const g) {
+__global__ void __launch_bounds__(kThreads, 2) linear_group_kernel(__grid_constant__ GroupParams const g) {
   int i = 0;
   while (i + 1 < g.n_parts && blockIdx.x >= g.first_block[i + 1]) ++i;
-  linear_rows<kF, kAligned>(g.part[i], blockIdx.x - g.first_block[i]);
+  linear_rows<kF, kAligned>(g.part[i], g.codes, blockIdx.x - g.first_block[i]);
 }
 
 /// Whether linear of `w` over n_tokens takes a tensor-core path.
@@ -291,18 +296,12 @@ Status launch_format(Params p, cudaStream_t stream) {
       linear_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
     return cuda::last_launch_status();
   } else {
-    if constexpr (mma_blocks::reads(kF))
-      if (mma_blocks::usable(p.w, p.n_tokens))
-        return mma_blocks::launch<Arch, kF>(p.w, p.x, p.xs, p.n_tokens, p.y, p.ys, p.accumulate, stream);
-    std::int64_t const cols = p.w.cols;
-    void* const rounded = cuda::stream_workspace(stream, static_cast<std::size_t>(p.n_tokens * cols) * sizeof(float));
-    if (!rounded) return Status::kErrorCuda;
-    if (Status s = round_rows<Arch>(rounding(kF), p.x, p.xs, p.n_tokens, cols, static_cast<float*>(rounded), cols, stream);
-        s != Status::kSuccess)
-      return s;
-    p.x = static_cast<float const*>(rounded);
-    p.xs = cols;
-    linear_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
+    if (mma_blocks::usable(p.w, p.n_tokens))
+      return mma_blocks::launch<Arch, kF>(p.w, p.x, p.xs, p.n_tokens, p.y, p.ys, p.accumulate, stream);
+    Codes8 codes{};
+    if (Status s = workspace_codes(p.n_tokens, padded_cols(p.w.cols), stream, codes); s != Status::kSuccess) return s;
+    if (Status s = quantize<Arch>(rounding(kF), p.x, p.xs, p.w.cols, codes, stream); s != Status::kSuccess) return s;
+    linear_codes_kernel<Arch, kF><<<grid, kThreads, 0, stream>>>(p, codes);
     return cuda::last_launch_status();
   }
 }

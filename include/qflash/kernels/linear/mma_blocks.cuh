@@ -3,8 +3,8 @@
 /// sm_90a: products of integer codes with mma.sync (the geometry and its reasons:
 /// mma_blocks.hpp). linear takes it for mma::kMinTokens tokens or more when the rows are whole
 /// groups, and the experts' prompt passes (expert_ffn/device.cuh) through multiply_groups:
-/// 1. quantize_kernel writes the activations' codes, and per group of 32 columns their scale
-///    and scaled code sum, into the stream's workspace;
+/// 1. quantize_kernel (rounding.cuh) writes the activations' codes, and per group of 32
+///    columns their scale and scaled code sum, into the stream's workspace;
 /// 2. the mma kernel stages those through shared memory (cp.async, two stages), reads the
 ///    weight codes into its fragments, and adds each span's products to fp32 accumulators.
 #pragma once
@@ -22,67 +22,8 @@
 
 namespace qflash::kernels::linear_cuda::mma_blocks {
 
-/// Quantized activations: codes [rows][k] (bf16), and for group g of kGroup columns the
-/// scales and scaled code sums of every row at g * rows.
-struct Activations {
-  std::uint16_t* codes;
-  float* scales;
-  float* sums;
-  std::int64_t rows, k;
-
-  /// Bytes of the three arrays, and their places in `bytes` of that size.
-  static std::size_t size(std::int64_t rows, std::int64_t k) {
-    return static_cast<std::size_t>(rows * k) * sizeof(std::uint16_t) +
-           2 * static_cast<std::size_t>(rows * (k / kGroup)) * sizeof(float);
-  }
-  static Activations in(void* bytes, std::int64_t rows, std::int64_t k) {
-    auto* const codes = static_cast<std::uint16_t*>(bytes);
-    auto* const scales = reinterpret_cast<float*>(codes + rows * k);
-    return {codes, scales, scales + rows * (k / kGroup), rows, k};
-  }
-};
-
-/// One warp per activation block of x [a.rows, a.k] (rows xs apart; k whole blocks): its
-/// codes, and each of its groups' scale and scaled code sum.
-template <class Arch>
-__global__ void __launch_bounds__(32 * kRoundWarps) quantize_kernel(Rounding r, float const* x, std::int64_t xs,
-                                                                    Activations a) {
-  static_assert(kLaneCodes * kGroup == gguf::kQ4KBlockSize && gguf::kQ8_0BlockSize == kGroup);
-  int const bv = block_size(r), lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const blocks = a.k / bv;
-  for (std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < a.rows * blocks;
-       i += static_cast<std::int64_t>(gridDim.x) * kRoundWarps) {
-    std::int64_t const t = i / blocks, b = (i % blocks) * bv;
-    int q[kLaneCodes];
-    float const d = block_codes(r, x + t * xs + b, bv, lane, q);
-    auto const put = [&](int j) {  // value lane + 32 j is in group j of the block
-      a.codes[t * a.k + b + lane + kGroup * j] = bf16_of_code(q[j]);
-      int const sum = __reduce_add_sync(0xffffffffu, q[j]);
-      if (lane == 0) {
-        std::int64_t const at = (b / kGroup + j) * a.rows + t;
-        a.scales[at] = d;
-        a.sums[at] = d * static_cast<float>(sum);
-      }
-    };
-    if (r == Rounding::kQ8_0) {
-      put(0);
-      continue;
-    }
-#pragma unroll
-    for (int j = 0; j < kLaneCodes; ++j) put(j);
-  }
-}
-
-/// Launches quantize_kernel for weights of format f (a.rows rows of x).
-template <class Arch>
-Status quantize(WeightFormat f, float const* x, std::int64_t xs, Activations const& a, cudaStream_t stream) {
-  if (a.rows == 0) return Status::kSuccess;
-  Rounding const r = rounding(f);
-  std::int64_t const work = a.rows * (a.k / block_size(r));
-  auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((work + kRoundWarps - 1) / kRoundWarps, 1 << 16));
-  quantize_kernel<Arch><<<blocks, 32 * kRoundWarps, 0, stream>>>(r, x, xs, a);
-  return cuda::last_launch_status();
-}
+/// The activations as this path reads them: bf16 codes.
+using Activations = CodeRows<std::uint16_t>;
 
 /// Queues the copies of group kt into a stage for the tile's tokens, whose activation rows
 /// token_row gives (-1: none, zeros).
@@ -97,7 +38,7 @@ __device__ __forceinline__ void load_stage(Activations const& a, TokenRow const&
       mma::copy16(stage + s.smem, valid ? a.codes + row * a.k + kt * kGroup + s.col : a.codes, valid);
     } else {
       float const* const v = s.what == 1 ? a.scales : a.sums;
-      mma::copy4(stage + s.smem, valid ? v + kt * a.rows + row : v, valid);
+      mma::copy4(stage + s.smem, valid ? v + kt * a.stride + row : v, valid);
     }
   }
 }
@@ -253,21 +194,13 @@ Status multiply(WeightView const& w, Activations const& a, float* y, std::int64_
   return cuda::last_launch_status();
 }
 
-/// Activations for m tokens of k values in the stream's workspace, or kErrorCuda.
-inline Status workspace(std::int64_t m, std::int64_t k, cudaStream_t stream, Activations& a) {
-  void* const ws = cuda::stream_workspace(stream, Activations::size(m, k));
-  if (!ws) return Status::kErrorCuda;
-  a = Activations::in(ws, m, k);
-  return Status::kSuccess;
-}
-
 /// y = x W^T (+ y) through the quantize and mma kernels for block format kF (usable(w, m)).
 template <class Arch, WeightFormat kF>
 Status launch(WeightView const& w, float const* x, std::int64_t xs, std::int64_t m, float* y, std::int64_t ys,
               bool accumulate, cudaStream_t stream) {
   Activations a{};
-  if (Status s = workspace(m, w.cols, stream, a); s != Status::kSuccess) return s;
-  if (Status s = quantize<Arch>(kF, x, xs, a, stream); s != Status::kSuccess) return s;
+  if (Status s = workspace_codes(m, w.cols, stream, a); s != Status::kSuccess) return s;
+  if (Status s = quantize<Arch>(rounding(kF), x, xs, w.cols, a, stream); s != Status::kSuccess) return s;
   return multiply<Arch, kF>(w, a, y, ys, accumulate, stream);
 }
 

@@ -1,8 +1,8 @@
 /// @file
 /// Block formats' activations on CUDA, rounded as ref::round_activations rounds them (q8_0
-/// blocks of 32 for q8_0 and int4, q8_k blocks of 256 for q4_k and q6_k): block_codes gives a
-/// warp's codes of one block, which round_kernel writes back as values (linear's GEMV path)
-/// and mma_blocks.cuh as codes (its tensor-core path).
+/// blocks of 32 for q8_0 and int4, q8_k blocks of 256 for q4_k and q6_k) to 8-bit codes:
+/// block_codes gives a warp's codes of one block; quantize_kernel writes them with each group's
+/// scale and code sum (CodeRows), as int8 for the GEMV and bf16 for the tensor cores.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +12,8 @@
 #include <cstdint>
 
 #include "qflash/kernels/common/cuda.cuh"
+#include "qflash/kernels/common/stream_workspace.cuh"
+#include "qflash/kernels/linear/block_codes.hpp"
 #include "qflash/numeric/fp16.hpp"
 #include "qflash/numeric/gguf_blocks.hpp"
 #include "qflash/numeric/weight_format.hpp"
@@ -71,42 +73,91 @@ __device__ __forceinline__ float block_codes(Rounding r, float const* in, int le
 
 inline constexpr int kRoundWarps = 8;
 
-/// Activations rounded as ref::round_activations rounds them, from x [n_tokens, cols] (rows xs
-/// apart) into xr (rows xrs apart): one warp per activation block (int4's short last q8_0
-/// block padded with zeros).
-template <class Arch>
-__global__ void __launch_bounds__(32 * kRoundWarps) round_kernel(Rounding r, float const* x, std::int64_t xs,
-                                                                 std::int64_t n_tokens, std::int64_t cols, float* xr,
-                                                                 std::int64_t xrs) {
-  int const bv = block_size(r);
-  int const lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const blocks = (cols + bv - 1) / bv;
-  for (std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < n_tokens * blocks;
+/// Activations as codes, for rows of k values (k whole groups): codes [rows][k] (Code: int8 for
+/// the GEMV's dp4a, bf16 for the tensor cores), and for group g of kGroup columns the scale
+/// and scaled code sum of each row at g * stride.
+template <class Code>
+struct CodeRows {
+  Code* codes;
+  float* scales;
+  float* sums;
+  std::int64_t rows, k, stride;
+
+  /// Bytes of rows x k codes and their groups' scales and sums.
+  static std::size_t size(std::int64_t rows, std::int64_t k) {
+    return static_cast<std::size_t>(rows * k) * sizeof(Code) +
+           2 * static_cast<std::size_t>(rows * (k / kGroup)) * sizeof(float);
+  }
+  /// The arrays of `rows` rows in `bytes` (size(rows, k) of them, 16-byte aligned).
+  static CodeRows in(void* bytes, std::int64_t rows, std::int64_t k) {
+    auto* const codes = static_cast<Code*>(bytes);
+    auto* const scales = reinterpret_cast<float*>(codes + rows * k);
+    return {codes, scales, scales + rows * (k / kGroup), rows, k, rows};
+  }
+  /// Rows [row0, row0 + n) (row i of the slice is row row0 + i here).
+  [[nodiscard]] CodeRows slice(std::int64_t row0, std::int64_t n) const {
+    return {codes + row0 * k, scales + row0, sums + row0, n, k, stride};
+  }
+};
+
+/// A code as Code: int8, or bf16 (exact).
+template <class Code>
+__device__ __forceinline__ Code code_as(int q) {
+  if constexpr (sizeof(Code) == 1)
+    return static_cast<Code>(q);
+  else
+    return static_cast<Code>(qflash::detail::bits_of(static_cast<float>(q)) >> 16);
+}
+
+/// One warp per activation block of x [a.rows, cols] (rows xs apart; a.k = padded_cols(cols)):
+/// its codes (zeros past cols), and each of its groups' scale and scaled code sum.
+template <class Arch, class Code>
+__global__ void __launch_bounds__(32 * kRoundWarps) quantize_kernel(Rounding r, float const* x, std::int64_t xs,
+                                                                    std::int64_t cols, CodeRows<Code> a) {
+  static_assert(kLaneCodes * kGroup == gguf::kQ4KBlockSize && gguf::kQ8_0BlockSize == kGroup);
+  int const bv = block_size(r), lane = static_cast<int>(threadIdx.x % 32);
+  std::int64_t const blocks = (a.k + bv - 1) / bv;
+  for (std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < a.rows * blocks;
        i += static_cast<std::int64_t>(gridDim.x) * kRoundWarps) {
     std::int64_t const t = i / blocks, b = (i % blocks) * bv;
-    int const len = static_cast<int>(std::min<std::int64_t>(bv, cols - b));
-    float* out = xr + t * xrs + b;
     int q[kLaneCodes];
-    float const d = block_codes(r, x + t * xs + b, len, lane, q);
+    float const d = block_codes(r, x + t * xs + b, static_cast<int>(std::min<std::int64_t>(bv, cols - b)), lane, q);
+    auto const put = [&](int j) {  // value lane + 32 j is in group j of the block
+      a.codes[t * a.k + b + lane + kGroup * j] = code_as<Code>(q[j]);
+      int const sum = __reduce_add_sync(0xffffffffu, q[j]);
+      if (lane == 0) {
+        std::int64_t const at = (b / kGroup + j) * a.stride + t;
+        a.scales[at] = d;
+        a.sums[at] = d * static_cast<float>(sum);
+      }
+    };
     if (r == Rounding::kQ8_0) {
-      if (lane < len) out[lane] = static_cast<float>(q[0]) * d;
+      put(0);
       continue;
     }
 #pragma unroll
-    for (int j = 0; j < kLaneCodes; ++j) out[lane + 32 * j] = d * static_cast<float>(q[j]);
+    for (int j = 0; j < kLaneCodes; ++j) put(j);
   }
 }
 
-/// Launches round_kernel over n_tokens rows (r != kNone).
-template <class Arch>
-Status round_rows(Rounding r, float const* x, std::int64_t xs, std::int64_t n_tokens, std::int64_t cols, float* xr,
-                  std::int64_t xrs, cudaStream_t stream) {
-  if (n_tokens == 0) return Status::kSuccess;
-  int const bv = block_size(r);
-  std::int64_t const work = n_tokens * ((cols + bv - 1) / bv);
+/// x [a.rows, cols] (rows xs apart) as codes, rounded by r (not kNone).
+template <class Arch, class Code>
+Status quantize(Rounding r, float const* x, std::int64_t xs, std::int64_t cols, CodeRows<Code> const& a,
+                cudaStream_t stream) {
+  if (a.rows == 0) return Status::kSuccess;
+  std::int64_t const work = a.rows * ((a.k + block_size(r) - 1) / block_size(r));
   auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((work + kRoundWarps - 1) / kRoundWarps, 1 << 16));
-  round_kernel<Arch><<<blocks, 32 * kRoundWarps, 0, stream>>>(r, x, xs, n_tokens, cols, xr, xrs);
+  quantize_kernel<Arch, Code><<<blocks, 32 * kRoundWarps, 0, stream>>>(r, x, xs, cols, a);
   return cuda::last_launch_status();
+}
+
+/// CodeRows of rows x k in the stream's workspace, or kErrorCuda.
+template <class Code>
+Status workspace_codes(std::int64_t rows, std::int64_t k, cudaStream_t stream, CodeRows<Code>& a) {
+  void* const ws = cuda::stream_workspace(stream, CodeRows<Code>::size(rows, k));
+  if (!ws) return Status::kErrorCuda;
+  a = CodeRows<Code>::in(ws, rows, k);
+  return Status::kSuccess;
 }
 
 }  // namespace qflash::kernels::linear_cuda

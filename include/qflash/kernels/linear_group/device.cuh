@@ -2,7 +2,7 @@
 /// Several projections of one input on CUDA (kernels/linear_group), shared by sm80.cuh and
 /// sm90a.cuh. When every part has one format and takes linear's GEMV path with the same
 /// loads (decode: fewer tokens than the tensor-core path wants), one launch of
-/// linear_group_kernel covers every part's rows, after one rounding of the input for block
+/// linear_group_kernel covers every part's rows, after one quantization of the input for block
 /// formats; each row's sums are linear_kernel's. When every part takes the block formats'
 /// tensor-core path with one rounding (q4_k and q6_k share q8_k's), one quantization of the
 /// input serves each part's launch. Otherwise a linear launch per part.
@@ -51,13 +51,14 @@ Status launch(LinearGroupArgs const& a, stream_t stream_arg) {
     namespace mb = linear_cuda::mma_blocks;
     Params const first = params_of(a.parts[0]);
     mb::Activations codes{};
-    if (Status s = mb::workspace(first.n_tokens, first.w.cols, stream, codes); s != Status::kSuccess) return s;
-    if (Status s = mb::quantize<Arch>(first.w.format, first.x, first.xs, codes, stream); s != Status::kSuccess)
+    if (Status s = workspace_codes(first.n_tokens, first.w.cols, stream, codes); s != Status::kSuccess) return s;
+    if (Status s = quantize<Arch>(rounding(first.w.format), first.x, first.xs, first.w.cols, codes, stream);
+        s != Status::kSuccess)
       return s;
     for (LinearArgs const& part : a.used()) {
       Params const p = params_of(part);
       Status const s = with_format<S>(p.w.format, [&]<WeightFormat kF>() {
-        if constexpr (mb::reads(kF))
+        if constexpr (reads_codes(kF))
           return mb::multiply<Arch, kF>(p.w, codes, p.y, p.ys, p.accumulate, stream);
         else
           return Status::kErrorNotSupported;
@@ -81,15 +82,12 @@ Status launch(LinearGroupArgs const& a, stream_t stream_arg) {
       blocks += static_cast<unsigned>((g.part[i].w.rows + kWarps * kRows - 1) / (kWarps * kRows));
     }
     Params const& first = g.part[0];
-    if constexpr (block_values(kF) > 1) {  // every part reads the input rounded once
-      std::int64_t const cols = first.w.cols;
-      auto* const rounded =
-          static_cast<float*>(cuda::stream_workspace(stream, static_cast<std::size_t>(first.n_tokens * cols) * sizeof(float)));
-      if (!rounded) return Status::kErrorCuda;
-      if (Status s = round_rows<Arch>(rounding(kF), first.x, first.xs, first.n_tokens, cols, rounded, cols, stream);
+    if constexpr (reads_codes(kF)) {  // every part reads the input's codes, quantized once
+      if (Status s = workspace_codes(first.n_tokens, padded_cols(first.w.cols), stream, g.codes); s != Status::kSuccess)
+        return s;
+      if (Status s = quantize<Arch>(rounding(kF), first.x, first.xs, first.w.cols, g.codes, stream);
           s != Status::kSuccess)
         return s;
-      for (int i = 0; i < a.n_parts; ++i) g.part[i].x = rounded, g.part[i].xs = cols;
     }
     dim3 const grid(blocks, static_cast<unsigned>(
                                 std::min<std::int64_t>((first.n_tokens + kTokens - 1) / kTokens, kMaxTokenTiles)));

@@ -119,7 +119,7 @@ struct FusedParams {
 template <class Arch, WeightFormat kF, bool kAligned, int kPerLane>
 __global__ void __launch_bounds__(linear_cuda::kThreads, 1) fused_kernel(__grid_constant__ FusedParams const p) {
   static_assert(linear_cuda::kThreads == kThreads);
-  linear_cuda::linear_rows<kF, kAligned>(p.gemv, blockIdx.x);
+  linear_cuda::linear_rows<kF, kAligned>(p.gemv, linear_cuda::Codes8{}, blockIdx.x);
   __threadfence();  // this CTA's logits, before its count
   __syncthreads();
   __shared__ unsigned ticket;

@@ -121,10 +121,8 @@ std::vector<float> lane_linear(WeightView const& w, std::vector<float> const& x,
         float acc = 0.0f;
         for (std::int64_t c = lane * 16; c < ws.kp; c += 32 * 16) {
           std::uint32_t wv[4], av[4];
-          for (int v = 0; v < 4; ++v) {
-            wv[v] = C::word(w.row(o), c + 4 * v);
-            std::memcpy(&av[v], ws.codes8.data() + t * ws.kp + c + 4 * v, 4);
-          }
+          lc::words16<kF>(w.row(o), c, wv);
+          std::memcpy(av, ws.codes8.data() + t * ws.kp + c, sizeof av);
           auto const at = static_cast<std::size_t>(c / lc::kGroup * m + t);
           acc = lc::add_sixteen(acc, wv, av, ws.scales[at], ws.sums[at], C::affine(w.row(o), c / C::kSpan * C::kSpan), c);
         }
@@ -270,6 +268,11 @@ void check_words(WeightView const& w, bool exact) {
   std::vector<float> want(static_cast<std::size_t>(w.cols));
   for (std::int64_t r = 0; r < w.rows; ++r) {
     dequantize_row(w, r, want.data());
+    for (std::int64_t c = 0; c + 16 <= w.cols; c += 16) {  // the GEMV's 16 columns: four words
+      std::uint32_t four[4];
+      lc::words16<kF>(w.row(r), c, four);
+      for (int v = 0; v < 4; ++v) REQUIRE(four[v] == C::word(w.row(r), c + 4 * v));
+    }
     for (std::int64_t c = 0; c < w.cols; c += 4) {
       std::uint32_t const word = C::word(w.row(r), c);
       lc::Affine const s = C::affine(w.row(r), c / C::kSpan * C::kSpan);

@@ -162,11 +162,37 @@ struct Codes<WeightFormat::kInt4> {
   }
 };
 
+/// The codes of columns c .. c + 15 (c a multiple of 16) of a weight row as four words: q4_k's
+/// 16 code bytes in one 16-byte load where the row is 16-byte aligned (a warp-uniform test:
+/// its lanes share the row), the other formats' as four words.
+template <WeightFormat kF>
+QFLASH_HD void words16(std::byte const* row, std::int64_t c, std::uint32_t (&w)[4]) {
+  if constexpr (kF == WeightFormat::kQ4K) {
+    using C = Codes<kF>;
+    int const i = static_cast<int>(c % gguf::kQ4KBlockSize), j = i / 32;
+    std::byte const* const p = C::block(row, c) + offsetof(gguf::BlockQ4K, qs) + 32 * (j / 2) + i % 32;
+    std::uint32_t b[4];
+#ifdef __CUDA_ARCH__
+    if (reinterpret_cast<std::uintptr_t>(row) % 16 == 0) {
+      uint4 const v = *reinterpret_cast<uint4 const*>(p);
+      b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
+    } else {
+      for (int v = 0; v < 4; ++v) b[v] = detail::load_u32(p + 4 * v);
+    }
+#else
+    std::memcpy(b, p, sizeof b);
+#endif
+    for (int v = 0; v < 4; ++v) w[v] = b[v] >> (4 * (j % 2)) & 0x0F0F0F0Fu;
+  } else {
+    for (int v = 0; v < 4; ++v) w[v] = Codes<kF>::word(row, c + 4 * v);
+  }
+}
+
 /// The GEMV's work for one lane, 16 columns [c, c + 16) of a weight row (c a multiple of 16):
 /// acc plus their products with one token's codes `a` (16 int8, four words), whose group has
 /// scale a_scale and scaled code sum a_sum. The group's offset term goes with its first half.
-QFLASH_HD inline float add_sixteen(float acc, std::uint32_t const (&w)[4], std::uint32_t const (&a)[4], float a_scale,
-                            float a_sum, Affine span, std::int64_t c) {
+QFLASH_HD inline float add_sixteen(float acc, std::uint32_t const (&w)[4], std::uint32_t const (&a)[4],
+                                   float a_scale, float a_sum, Affine span, std::int64_t c) {
   int dot = 0;
   for (int v = 0; v < 4; ++v) dot = dot4(w[v], a[v], dot);
   bool const first_half = c % kGroup == 0;

@@ -181,8 +181,7 @@ __device__ __forceinline__ void lane_dot_codes(RowRef const (&row)[kR], Codes8 c
     Affine span[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-#pragma unroll
-      for (int v = 0; v < 4; ++v) w[r][v] = C::word(row[r].data, c + 4 * v);
+      words16<kF>(row[r].data, c, w[r]);
       span[r] = C::affine(row[r].data, c / C::kSpan * C::kSpan);
     }
 #pragma unroll

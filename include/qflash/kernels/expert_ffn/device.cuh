@@ -458,9 +458,9 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
                     row_token_at = ws.reserve<int>(rows), slot_row_at = ws.reserve<int>(n_slots),
                     act_at = ws.reserve<float>(rows * d_ff_max), y_at = ws.reserve<float>(rows * d_model);
   constexpr int kRoundings = 3;
-  bool x_rounded[kRoundings] = {}, act_rounded[kRoundings] = {};
+  bool x_rounded[kRoundings] = {}, act_rounded[kRoundings] = {};  // the GEMV passes' codes
   for (Set const* set : sets)
-    if (set) {
+    if (set && !use_mma) {
       x_rounded[static_cast<int>(linear_cuda::rounding(set->gate.first.format))] = true;
       x_rounded[static_cast<int>(linear_cuda::rounding(set->up.first.format))] = true;
       act_rounded[static_cast<int>(linear_cuda::rounding(set->down.first.format))] = true;

@@ -96,18 +96,10 @@ __device__ __forceinline__ void unpack(uint4 v, RowRef r, std::int64_t i, float 
   }
 }
 
-/// n consecutive activations from p into v (n: 1, 2 or 4; p aligned to n floats when n > 1).
-template <int kN>
-__device__ __forceinline__ void load_run(float const* p, float* v) {
-  if constexpr (kN == 4) {
-    float4 const a = *reinterpret_cast<float4 const*>(p);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-  } else if constexpr (kN == 2) {
-    float2 const a = *reinterpret_cast<float2 const*>(p);
-    v[0] = a.x, v[1] = a.y;
-  } else {
-    v[0] = *p;
-  }
+/// Four consecutive activations from p (16-byte aligned) into v.
+__device__ __forceinline__ void load4(float const* p, float* v) {
+  float4 const a = *reinterpret_cast<float4 const*>(p);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
 }
 
 /// This lane's share of row[r] · x[tt] for the first nt of kTokens tokens, added to acc[r][tt];
@@ -141,7 +133,7 @@ __device__ __forceinline__ void lane_dot(RowRef const (&row)[kR], std::int64_t c
             if (tt >= nt) break;
             float xv[kV];
 #pragma unroll
-            for (int e = 0; e < kV; e += 4) load_run<4>(x[tt] + i + e, xv + e);
+            for (int e = 0; e < kV; e += 4) load4(x[tt] + i + e, xv + e);
 #pragma unroll
             for (int r = 0; r < kR; ++r)
 #pragma unroll

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "qflash/kernels/common/cuda.cuh"
@@ -116,6 +117,30 @@ __device__ __forceinline__ void zero(float (&acc)[kMats][kMTiles][kNTiles][4]) {
         for (int r = 0; r < 4; ++r) acc[j][mt][nt][r] = 0.0f;
 }
 
+/// Stages 0 .. n - 1 through the two buffers of `smem`, the copies of each stage in flight
+/// while the one before it is used: load(i, stage) queues stage i's copies, ahead(i) runs
+/// before the wait for them (work they overlap), use(i, stage) runs once they have landed,
+/// before the buffer is refilled.
+template <std::size_t kBytes, class Load, class Ahead, class Use>
+__device__ __forceinline__ void two_stages(std::int64_t n, std::uint8_t (&smem)[2][kBytes], Load const& load,
+                                           Ahead const& ahead, Use const& use) {
+  load(0, smem[0]);
+  copy_commit();
+  for (std::int64_t i = 0; i < n; ++i) {
+    ahead(i);
+    if (i + 1 < n) {
+      load(i + 1, smem[(i + 1) % 2]);
+      copy_commit();
+      copy_wait<1>();
+    } else {
+      copy_wait<0>();
+    }
+    __syncthreads();
+    use(i, smem[i % 2]);
+    __syncthreads();  // the stage is refilled next
+  }
+}
+
 /// A CTA's products over k columns into acc, through two stages of `smem`: load(k0, stage)
 /// queues the copies of columns [k0, k0 + kBlockK) into a stage. fp8 weights (kWBytes 1): each
 /// stage's sums are multiplied by scale(j, k0), matrix j's block scale for the CTA's rows and
@@ -126,37 +151,28 @@ __device__ __forceinline__ void multiply_tiles(std::int64_t k, Load const& load,
                                                float (&acc)[kMats][kMTiles][kNTiles][4]) {
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   zero(acc);
-  std::int64_t const k_tiles = (k + kBlockK - 1) / kBlockK;
-  load(0, smem[0]);
-  copy_commit();
-  for (std::int64_t kt = 0; kt < k_tiles; ++kt) {
-    if (kt + 1 < k_tiles) {
-      load((kt + 1) * kBlockK, smem[(kt + 1) % 2]);
-      copy_commit();
-      copy_wait<1>();
-    } else {
-      copy_wait<0>();
-    }
-    __syncthreads();
-    if constexpr (kWBytes == 2) {
-      multiply_stage<kMTiles, kMats, kWBytes>(smem[kt % 2], lane, warp, acc);
-    } else {
-      float sums[kMats][kMTiles][kNTiles][4];
-      zero(sums);
-      multiply_stage<kMTiles, kMats, kWBytes>(smem[kt % 2], lane, warp, sums);
+  two_stages(
+      (k + kBlockK - 1) / kBlockK, smem, [&](std::int64_t kt, std::uint8_t* stage) { load(kt * kBlockK, stage); },
+      [](std::int64_t) {},
+      [&](std::int64_t kt, std::uint8_t const* stage) {
+        if constexpr (kWBytes == 2) {
+          multiply_stage<kMTiles, kMats, kWBytes>(stage, lane, warp, acc);
+        } else {
+          float sums[kMats][kMTiles][kNTiles][4];
+          zero(sums);
+          multiply_stage<kMTiles, kMats, kWBytes>(stage, lane, warp, sums);
 #pragma unroll
-      for (int j = 0; j < kMats; ++j) {
-        float const s = scale(j, kt * kBlockK);
+          for (int j = 0; j < kMats; ++j) {
+            float const s = scale(j, kt * kBlockK);
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
+            for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
+              for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) acc[j][mt][nt][r] = fmaf(s, sums[j][mt][nt][r], acc[j][mt][nt][r]);
-      }
-    }
-    __syncthreads();  // the stage is refilled next
-  }
+                for (int r = 0; r < 4; ++r) acc[j][mt][nt][r] = fmaf(s, sums[j][mt][nt][r], acc[j][mt][nt][r]);
+          }
+        }
+      });
 }
 
 /// Queues the copies of columns [k0, k0 + kBlockK) of a stage: weight matrix j's rows

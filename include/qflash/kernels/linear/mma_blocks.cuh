@@ -77,15 +77,12 @@ __device__ __forceinline__ void multiply_groups(WarpRows<kMats> const& rows, std
   constexpr int kSpans = kGroup / C::kSpan;
   constexpr int kNTiles = mma::kNTiles;
   int const lane = static_cast<int>(threadIdx.x % 32);
-  std::int64_t const groups = k / kGroup;
   mma::zero(acc);
-  load(0, smem[0]);
-  mma::copy_commit();
-  for (std::int64_t kt = 0; kt < groups; ++kt) {
-    // This group's weight codes and spans: global loads in flight while the stage lands.
+  // A group's weight codes and spans, read ahead: global loads in flight while its stage lands.
+  std::uint32_t b[kMats][2][kNTiles][2];
+  Affine span[kMats][kNTiles][2][kSpans];
+  auto const read_weights = [&](std::int64_t kt) {
     std::int64_t const k0 = kt * kGroup;
-    std::uint32_t b[kMats][2][kNTiles][2];
-    Affine span[kMats][kNTiles][2][kSpans];
 #pragma unroll
     for (int j = 0; j < kMats; ++j)
 #pragma unroll
@@ -102,15 +99,8 @@ __device__ __forceinline__ void multiply_groups(WarpRows<kMats> const& rows, std
             span[j][nt][e][sp] = c_row ? C::affine(c_row, k0 + sp * C::kSpan) : Affine{};
         }
       }
-    if (kt + 1 < groups) {
-      load(kt + 1, smem[(kt + 1) % 2]);
-      mma::copy_commit();
-      mma::copy_wait<1>();
-    } else {
-      mma::copy_wait<0>();
-    }
-    __syncthreads();
-    std::uint8_t const* const stage = smem[kt % 2];
+  };
+  auto const multiply = [&](std::int64_t, std::uint8_t const* stage) {
     auto const* codes = reinterpret_cast<std::uint16_t const*>(stage);
     auto const* scales = reinterpret_cast<float const*>(stage + T::kScaleBase);
     auto const* sums = reinterpret_cast<float const*>(stage + T::kSumBase);
@@ -143,8 +133,8 @@ __device__ __forceinline__ void multiply_groups(WarpRows<kMats> const& rows, std
               part[j][mt][nt][r] = 0.0f;
             }
     }
-    __syncthreads();  // the stage is refilled next
-  }
+  };
+  mma::two_stages(k / kGroup, smem, load, read_weights, multiply);
 }
 
 struct Params {

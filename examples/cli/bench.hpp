@@ -332,26 +332,30 @@ inline std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, int n, int 
   return ids;
 }
 
+/// What each timed step brings back: its rows' best token, as greedy generation does
+/// (kernels/token_candidates, on the device for a CUDA model).
+inline model::CandidateRequest const kGreedy{};
+
 /// A sequence in `pool` already holding `depth` (filled in chunks of 512, untimed), with
 /// blocks reserved for `more` tokens after them.
 template <class Model>
 model::SequenceState filled_sequence(Model& m, std::shared_ptr<kv::KvBlockPool> const& pool,
-                                     std::vector<std::int32_t> const& depth, int more, std::vector<float>& logits) {
+                                     std::vector<std::int32_t> const& depth, int more, model::LogitCandidates& logits) {
   auto state = m.new_sequence(pool);
   state.reserve(static_cast<std::int64_t>(depth.size()) + more);
   for (std::size_t b = 0; b < depth.size(); b += 512) {
     std::span<std::int32_t const> const part(depth.data() + b, std::min<std::size_t>(512, depth.size() - b));
     model::SequenceChunk const chunk{part, &state};
-    m.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+    m.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, kGreedy, logits);
   }
   return state;
 }
 
 /// tok/s of one prefill: a forward of every sequence's `tokens[i]` on `states[i]` at once,
-/// logits of each last token.
+/// the best token of each last token's logits.
 template <class Model>
 double time_prefill(Model& m, std::vector<model::SequenceState>& states,
-                    std::vector<std::vector<std::int32_t>> const& tokens, std::vector<float>& logits) {
+                    std::vector<std::vector<std::int32_t>> const& tokens, model::LogitCandidates& logits) {
   std::vector<model::SequenceChunk> chunks;
   std::size_t n = 0;
   for (std::size_t i = 0; i < states.size(); ++i) {
@@ -359,7 +363,7 @@ double time_prefill(Model& m, std::vector<model::SequenceState>& states,
     n += tokens[i].size();
   }
   auto const t0 = std::chrono::steady_clock::now();
-  m.forward(chunks, model::LogitsFor::kLastToken, logits);
+  m.forward(chunks, model::LogitsFor::kLastToken, kGreedy, logits);
   double const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return static_cast<double>(n) / secs;
 }
@@ -368,13 +372,13 @@ double time_prefill(Model& m, std::vector<model::SequenceState>& states,
 /// sequences in one forward.
 template <class Model>
 double time_decode(Model& m, std::vector<model::SequenceState>& states,
-                   std::vector<std::vector<std::int32_t>> const& tokens, std::vector<float>& logits) {
+                   std::vector<std::vector<std::int32_t>> const& tokens, model::LogitCandidates& logits) {
   std::vector<model::SequenceChunk> chunks(states.size());
   std::size_t const steps = tokens.front().size();
   auto const t0 = std::chrono::steady_clock::now();
   for (std::size_t j = 0; j < steps; ++j) {
     for (std::size_t i = 0; i < states.size(); ++i) chunks[i] = {std::span(&tokens[i][j], 1), &states[i]};
-    m.forward(chunks, model::LogitsFor::kLastToken, logits);
+    m.forward(chunks, model::LogitsFor::kLastToken, kGreedy, logits);
   }
   double const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return static_cast<double>(steps * states.size()) / secs;
@@ -550,7 +554,7 @@ inline int cmd_bench(BenchOptions o) {
     return bw.gbs;
   };
   auto bench_model = [&](auto& m) {
-    std::vector<float> logits;
+    model::LogitCandidates logits;
     for (int t : o.threads) {
       set_max_threads(t);
       double const gbs = measure_bandwidth();

@@ -102,6 +102,19 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
   cmd->add_option("--max-queue", e.max_queue, "requests waiting beyond this are refused with 429")
       ->check(integer_in(1))
       ->capture_default_str();
+  cmd->add_option("--sampling-candidates", e.sampling_candidates,
+                  "each logits row comes back from the model as its N best tokens to sample from (a draw they do not "
+                  "decide reads the whole row); 0: whole rows")
+      ->check(integer_in(0, kernels::kMaxTokenCandidates))
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            return s == "0" || std::stoi(s) >= runtime::kMaxTopLogprobs
+                       ? std::string()
+                       : "must be 0 or at least " + std::to_string(runtime::kMaxTopLogprobs) +
+                             " (the most top_logprobs a request may ask for), got " + s;
+          },
+          "", "sampling_candidates"))
+      ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", o.no_prefix_cache, "do not share KV blocks between requests with a common prefix");
   cmd->add_option("--eviction", o.eviction,
                   "which cached prefix blocks go first when the pool is full: lru, or lru_with_age (blocks used in "

@@ -1,5 +1,5 @@
 // The model's smaller ops on CUDA (gated_rmsnorm, gdn_gates, qk_norm_rope, causal_conv1d,
-// gated_delta, gdn_decode, router_topk, embedding):
+// gated_delta, gdn_decode, router_topk, embedding, token_candidates):
 // every compiled instance (spec x arch) this device runs, against the CPU twins and the fp64
 // references, over the spec's shapes (or several when they are dynamic), rows past the grid
 // cap, y over x, strided heads, partial and full rotation, both norm-weight kinds, and a
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <span>
 #include <tuple>
 #include <utility>
@@ -33,6 +34,7 @@
 #include "qflash/kernels/embedding/cpu.hpp"
 #include "qflash/kernels/router_topk/cpu.hpp"
 #include "qflash/kernels/router_topk/ref.hpp"
+#include "qflash/kernels/token_candidates/cpu.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
@@ -505,6 +507,59 @@ void check_embedding(WeightFormat f, int cols) {
   CHECK(std::isnan(bad.back()));
 }
 
+/// Candidates of `rows` logits rows of `vocab` (stride ld): ids and values equal the CPU's;
+/// the sums are fp64 in another order (and expf within 2 ulp of the CPU's exp).
+template <MoeSpec S, class Tag>
+void check_token_candidates(std::int64_t rows, int vocab, int k, int n_excluded, bool temps) {
+  CAPTURE(rows);
+  CAPTURE(vocab);
+  CAPTURE(k);
+  CAPTURE(n_excluded);
+  std::int64_t const ld = vocab + 3;
+  std::mt19937_64 rng(static_cast<std::uint64_t>(vocab) * 7 + static_cast<std::uint64_t>(k));
+  std::uniform_int_distribution<int> grid(-200, 200);  // ties across tiles and lists
+  std::vector<float> logits(static_cast<std::size_t>(rows * ld));
+  for (auto& v : logits) v = static_cast<float>(grid(rng)) * 0.05f;
+  for (std::int64_t r = 0; r < rows; ++r) logits[static_cast<std::size_t>(r * ld + r % vocab)] = 30.0f;
+  std::vector<std::int32_t> excluded;
+  for (std::int32_t id = 0; id < vocab && static_cast<int>(excluded.size()) < n_excluded; ++id)
+    if (rng() % 3 == 0 || n_excluded >= vocab) excluded.push_back(id);
+  std::vector<float> temperature;
+  if (temps)
+    for (std::int64_t r = 0; r < rows; ++r) temperature.push_back(r % 2 ? 0.7f : 0.0f);
+  auto args = [&](float const* l, float const* t, std::int32_t const* ex, std::int32_t* ids, float* values,
+                  CandidateStats* stats) {
+    TokenCandidatesArgs a{};
+    a.logits = l, a.rows = rows, a.ld = ld, a.vocab = vocab, a.k = k;
+    a.temperature = temps ? t : nullptr;
+    a.excluded = ex, a.n_excluded = static_cast<int>(excluded.size());
+    a.ids = ids, a.values = values, a.stats = stats;
+    return a;
+  };
+  std::size_t const n = static_cast<std::size_t>(rows * k);
+  std::vector<std::int32_t> ids(n);
+  std::vector<float> values(n);
+  std::vector<CandidateStats> stats(static_cast<std::size_t>(rows));
+  REQUIRE(launch_token_candidates<S>(arch::Cpu{}, args(logits.data(), temperature.data(), excluded.data(), ids.data(),
+                                                       values.data(), stats.data())) == Status::kSuccess);
+  DeviceArray<float> dl(logits), dt(temperature), dv(n);
+  DeviceArray<std::int32_t> dex(excluded), dids(n);
+  DeviceArray<CandidateStats> dstats(stats.size());
+  REQUIRE(launch_token_candidates<S>(Tag{}, args(dl.get(), dt.get(), dex.get(), dids.get(), dv.get(), dstats.get()),
+                                     nullptr) == Status::kSuccess);
+  synchronize();
+  CHECK(dids.download() == ids);
+  CHECK(dv.download() == values);
+  std::vector<CandidateStats> const got = dstats.download();
+  for (std::size_t r = 0; r < stats.size(); ++r) {
+    CAPTURE(r);
+    CHECK(got[r].max == stats[r].max);
+    CHECK(got[r].non_finite == stats[r].non_finite);
+    CHECK(got[r].log_norm == doctest::Approx(stats[r].log_norm).epsilon(1e-6));
+    CHECK(got[r].mass == doctest::Approx(stats[r].mass).epsilon(1e-6));
+  }
+}
+
 template <class Tag, std::size_t I>
 void check_instance() {
   constexpr MoeSpec S = instances::kSpecs[I];
@@ -584,6 +639,15 @@ void check_instance() {
   for (WeightFormat f : kAllWeightFormats)
     if (row_fits(f, width) && (S.weights == WeightFormat::kAny || S.weights == f)) check_embedding<S, Tag>(f, width);
   if constexpr (S.d_model == kDynamic) check_embedding<S, Tag>(WeightFormat::kInt4, 200);  // a short last group
+
+  // One tile and many (Qwen3.6's vocabulary: one merge round; a million ids: two), k of one to
+  // the most, rows past the vocabulary's ids, excluded ids, every id excluded.
+  check_token_candidates<S, Tag>(3, 248320, 64, 300, true);
+  check_token_candidates<S, Tag>(2, 248320, 1, 0, false);
+  check_token_candidates<S, Tag>(1, 1 << 20, 256, 10, true);
+  check_token_candidates<S, Tag>(16, 4096, 20, 5, true);
+  check_token_candidates<S, Tag>(2, 50, 256, 7, false);
+  check_token_candidates<S, Tag>(1, 5000, 64, 5000, false);
 }
 
 template <class Tag>

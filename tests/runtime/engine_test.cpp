@@ -4,6 +4,7 @@
 // log say what happened.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -475,4 +476,68 @@ TEST_CASE("engine: snapshot hints let a request that shares only a system prompt
   GenerationRequest bad = greedy(a, 2);
   bad.snapshot_hints = {static_cast<std::int32_t>(a.size())};
   CHECK_THROWS_AS(e->submit(bad), RequestError);
+}
+
+TEST_CASE("engine: sampling from the rows' candidates draws what whole rows draw") {
+  // Rows in full (sampling_candidates 0) against the default's 64 and the fewest, 20, which
+  // leave more draws to their rows: the same tokens and log-probabilities, to the bit.
+  auto request = [&](int i) {
+    GenerationRequest r = greedy(encode(kPrompts[static_cast<std::size_t>(i) % kPrompts.size()]), 24);
+    r.sampling.temperature = std::array{0.0f, 0.7f, 1.0f, 1.5f}[i % 4];
+    r.sampling.top_k = std::array{0, 20, 0, 50, 0}[i % 5];
+    r.sampling.top_p = std::array{1.0f, 0.9f, 0.95f}[i % 3];
+    r.sampling.min_p = i % 4 == 3 ? 0.05f : 0.0f;
+    r.sampling.repetition_penalty = i % 3 == 1 ? 1.2f : 1.0f;
+    r.sampling.seed = static_cast<std::uint64_t>(100 + i);
+    r.presence_penalty = i % 5 == 2 ? 0.5f : 0.0f;
+    r.frequency_penalty = i % 7 == 4 ? -0.3f : 0.0f;
+    r.top_logprobs = std::array{-1, 0, 3, 20}[i % 4];
+    r.n = i % 6 == 5 ? 2 : 1;
+    return r;
+  };
+  constexpr int kRequests = 18;
+  auto run = [&](int candidates) {
+    EngineOptions o;
+    o.sampling_candidates = candidates;
+    o.max_num_seqs = 6;
+    auto e = start(o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < kRequests; ++i) streams.push_back(e->submit(request(i)));
+    std::vector<Result> out;
+    for (int i = 0; i < kRequests; ++i) out.push_back(collect(*streams[static_cast<std::size_t>(i)], request(i).n));
+    double const full = metric(*e, "qflash:sampling_full_row_draws_total");
+    double const drawn = metric(*e, "qflash:generation_tokens_total");
+    if (candidates == 0) {
+      CHECK(full == drawn);
+    } else {  // both ways were taken
+      CHECK(full > 0);
+      CHECK(full < drawn);
+    }
+    return out;
+  };
+  std::vector<Result> const whole = run(0);
+  for (int candidates : {kSamplingCandidates, 20}) {
+    CAPTURE(candidates);
+    std::vector<Result> const got = run(candidates);
+    for (int i = 0; i < kRequests; ++i) {
+      CAPTURE(i);
+      Result const& a = whole[static_cast<std::size_t>(i)];
+      Result const& b = got[static_cast<std::size_t>(i)];
+      REQUIRE_FALSE(b.error);
+      CHECK(b.tokens == a.tokens);
+      CHECK(b.text == a.text);
+      REQUIRE(b.logprobs.size() == a.logprobs.size());
+      for (std::size_t c = 0; c < a.logprobs.size(); ++c) {
+        REQUIRE(b.logprobs[c].size() == a.logprobs[c].size());
+        for (std::size_t t = 0; t < a.logprobs[c].size(); ++t) {
+          CHECK(b.logprobs[c][t].token == a.logprobs[c][t].token);
+          CHECK(b.logprobs[c][t].logprob == a.logprobs[c][t].logprob);
+          CHECK(b.logprobs[c][t].top == a.logprobs[c][t].top);
+        }
+      }
+    }
+  }
+  EngineOptions bad;
+  bad.sampling_candidates = 19;
+  test::expect_error([&] { (void)start(bad); }, {"sampling_candidates must be 0 (whole rows) or in [20, 256]"});
 }

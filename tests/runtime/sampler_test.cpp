@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "qflash/kernels/token_candidates/cpu.hpp"
 #include "qflash/runtime/sampler.hpp"
 
 using namespace qflash;
@@ -189,4 +191,122 @@ TEST_CASE("the filters over a whole vocabulary: the candidates and probabilities
 
 TEST_CASE("distribution: none at temperature 0") {
   CHECK_THROWS_WITH_AS(Sampler(SamplingParams{}).distribution(kLogits), doctest::Contains("temperature 0"), Error);
+}
+
+// ---- sampling from a row's candidates (kernels/token_candidates) ----------------------------
+
+namespace {
+
+/// A row's candidates from the CPU op, as a model brings them back.
+struct Candidates {
+  std::vector<std::int32_t> ids;
+  std::vector<float> values;
+  kernels::CandidateStats stats;
+  runtime::CandidateRow row(std::int64_t vocab) const { return {ids, values, stats, vocab}; }
+};
+
+Candidates candidates_of(std::vector<float> const& logits, std::vector<std::int32_t> const& excluded, int k,
+                         float temperature) {
+  Candidates c;
+  c.ids.resize(static_cast<std::size_t>(k));
+  c.values.resize(static_cast<std::size_t>(k));
+  kernels::TokenCandidatesArgs a{};
+  a.logits = logits.data();
+  a.rows = 1;
+  a.vocab = static_cast<int>(logits.size());
+  a.k = k;
+  a.temperature = &temperature;
+  a.excluded = excluded.data();
+  a.n_excluded = static_cast<int>(excluded.size());
+  a.ids = c.ids.data();
+  a.values = c.values.data();
+  a.stats = &c.stats;
+  REQUIRE(kernels::cpu::token_candidates(a) == Status::kSuccess);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("sampling from candidates draws what the whole row draws, or leaves the generator untouched") {
+  std::mt19937_64 rng(5);
+  int decided = 0, total = 0, must = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    int const vocab = std::array{3, 40, 64, 65, 300, 2000}[trial % 6];
+    // Peaked rows (a trained model's) and flat ones; values on a grid, so ties occur.
+    bool const peaked = trial % 3 != 0;
+    std::uniform_int_distribution<int> grid(-40, 40);
+    std::vector<float> raw(static_cast<std::size_t>(vocab));
+    for (auto& v : raw) v = static_cast<float>(grid(rng)) * (peaked ? 0.1f : 0.01f);
+    if (peaked)
+      for (int j = 0; j < 6; ++j) raw[rng() % static_cast<unsigned>(vocab)] = 8.0f + static_cast<float>(j % 3);
+    std::vector<std::int32_t> excluded;
+    for (std::int32_t id = 0; id < vocab; ++id)
+      if (vocab > 3 && rng() % 9 == 0) excluded.push_back(id);
+    SamplingParams p;
+    p.temperature = std::array{0.0f, 0.3f, 0.7f, 1.0f, 2.0f}[rng() % 5];
+    p.top_k = std::array{0, 0, 1, 5, 20, 64, 100}[rng() % 7];
+    p.top_p = std::array{1.0f, 1.0f, 0.5f, 0.9f, 0.95f}[rng() % 5];
+    p.min_p = std::array{0.0f, 0.0f, 0.05f, 0.3f}[rng() % 4];
+    p.repetition_penalty = rng() % 3 == 0 ? 1.3f : 1.0f;
+    p.seed = rng();
+    // A history (the repetition penalty's) and generated tokens with counts (the engine's
+    // frequency and presence penalties, which it takes off before the sampler).
+    std::vector<std::int32_t> history;
+    for (int j = 0; j < 30; ++j) history.push_back(static_cast<std::int32_t>(rng() % static_cast<unsigned>(vocab)));
+    bool const engine_penalties = rng() % 3 == 0;
+    std::vector<float> off(static_cast<std::size_t>(vocab), 0.0f);
+    if (engine_penalties)
+      for (int j = 10; j < 30; ++j) off[static_cast<std::size_t>(history[static_cast<std::size_t>(j)])] += 0.4f;
+    CAPTURE(trial);
+    CAPTURE(vocab);
+    CAPTURE(p.temperature);
+    CAPTURE(p.top_k);
+    CAPTURE(p.top_p);
+    CAPTURE(p.min_p);
+    CAPTURE(p.repetition_penalty);
+    CAPTURE(engine_penalties);
+
+    std::vector<float> full = raw;
+    for (std::int32_t id : excluded) full[static_cast<std::size_t>(id)] = -INFINITY;
+    for (std::size_t i = 0; i < full.size(); ++i) full[i] -= off[i];
+    Candidates const c = candidates_of(raw, excluded, 64, p.temperature);
+    std::vector<float> lowered;
+    if (engine_penalties)
+      for (std::int32_t id : c.ids) lowered.push_back(id >= 0 ? off[static_cast<std::size_t>(id)] : 0.0f);
+    Sampler whole(p), from_candidates(p);
+    bool const plain = p.repetition_penalty == 1.0f && !engine_penalties;
+    for (int draw = 0; draw < 4; ++draw) {
+      std::int32_t const want = whole.sample(full, history);
+      std::optional<std::int32_t> const got = from_candidates.sample(c.row(vocab), history, lowered);
+      ++total;
+      if (got) {
+        ++decided;
+        CHECK(*got == want);
+      } else {
+        CHECK(from_candidates.sample(full, history) == want);  // as the engine falls back
+      }
+      // What the candidates always decide: greedy, and a top-k within them, without penalties.
+      if (plain && (p.temperature == 0.0f || (p.top_k > 0 && p.top_k <= 64))) {
+        ++must;
+        CHECK(got.has_value());
+      }
+    }
+  }
+  MESSAGE("decided from candidates: ", decided, " of ", total, " draws (", must, " had to be)");
+  CHECK(decided > total / 2);
+}
+
+TEST_CASE("sampling from candidates: negative penalties or a repetition penalty below 1 read the whole row") {
+  std::vector<float> logits(200);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 17) * 0.5f;
+  Candidates const c = candidates_of(logits, {}, 64, 1.0f);
+  std::vector<std::int32_t> const history{5, 6};
+  SamplingParams p;
+  p.repetition_penalty = 0.8f;
+  CHECK_FALSE(Sampler(p).sample(c.row(200), history).has_value());
+  CHECK(Sampler(p).sample(c.row(200)).has_value());  // no history: nothing to raise
+  p.repetition_penalty = 1.0f;
+  std::vector<float> raised(64, 0.0f);
+  raised[3] = -1.0f;
+  CHECK_FALSE(Sampler(p).sample(c.row(200), history, raised).has_value());
 }

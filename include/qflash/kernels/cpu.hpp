@@ -19,3 +19,4 @@
 #include "qflash/kernels/linear_group/cpu.hpp"
 #include "qflash/kernels/qk_norm_rope/cpu.hpp"
 #include "qflash/kernels/router_topk/cpu.hpp"
+#include "qflash/kernels/token_candidates/cpu.hpp"

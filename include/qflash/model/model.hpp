@@ -32,6 +32,7 @@
 #include "qflash/core/step_recorder.hpp"
 #include "qflash/kernels/add_rmsnorm/op.hpp"
 #include "qflash/kernels/embedding/op.hpp"
+#include "qflash/kernels/token_candidates/op.hpp"
 #include "qflash/model/cache.hpp"
 #include "qflash/model/config.hpp"
 #include "qflash/model/fusion.hpp"
@@ -62,6 +63,30 @@ struct ModelOptions {
 };
 
 enum class LogitsFor { kAllTokens, kLastToken };
+
+/// What a forward brings back instead of its logits rows: each row's best tokens and sums
+/// (kernels/token_candidates).
+struct CandidateRequest {
+  int k = 1;                               ///< candidates per row, in [1, kMaxTokenCandidates]
+  std::span<float const> temperature;      ///< per row, the sums' temperature (empty: 1 for each)
+  std::span<std::int32_t const> excluded;  ///< ids read as -inf: ascending, no repeats
+};
+
+/// A candidate forward's result, on the host: row r's candidates are [r * k, (r + 1) * k).
+struct LogitCandidates {
+  int k = 0;
+  std::int64_t vocab = 0;
+  std::vector<std::int32_t> ids;
+  std::vector<float> values;
+  std::vector<kernels::CandidateStats> stats;
+  [[nodiscard]] std::int64_t rows() const { return static_cast<std::int64_t>(stats.size()); }
+  [[nodiscard]] std::span<std::int32_t const> ids_of(std::int64_t r) const {
+    return std::span(ids).subspan(static_cast<std::size_t>(r * k), static_cast<std::size_t>(k));
+  }
+  [[nodiscard]] std::span<float const> values_of(std::int64_t r) const {
+    return std::span(values).subspan(static_cast<std::size_t>(r * k), static_cast<std::size_t>(k));
+  }
+};
 
 /// Called with the residual stream [n_tokens, d_model] of the whole batch: index 0 after the
 /// embedding, l + 1 after layer l, n_layer + 1 after the final norm.
@@ -101,6 +126,9 @@ class Model {
     positions_ = MemoryVector<std::int64_t>(in_memory);
     tokens_ = MemoryVector<std::int32_t>(in_memory);
     token_policies_ = MemoryVector<kernels::RoutingPolicy>(in_memory);
+    temperature_ = candidate_values_ = MemoryVector<float>(in_memory);
+    excluded_ = candidate_ids_ = MemoryVector<std::int32_t>(in_memory);
+    candidate_stats_ = MemoryVector<kernels::CandidateStats>(in_memory);
     MoeSpec const rt = cfg_.spec(S.kv == KvScheme::kAny ? KvScheme::kBf16 : S.kv, uniform_format(w_));
     QFLASH_CHECK(matches(S, rt), cfg_.source, ": the model ", to_string(rt),
                  " does not match the compiled spec ", to_string(S));
@@ -181,10 +209,122 @@ class Model {
   void forward(std::span<SequenceChunk const> seqs, LogitsFor which, std::vector<float>& logits,
                HiddenObserver const& observe = {}) {
     Memory& mem = *opts_.memory;
-    mem.activate();
+    begin_step(seqs);
+    logits.resize(static_cast<std::size_t>(rows_of(seqs, which) * cfg_.vocab));
+    // A device model projects into its memory, then brings the logits to the host.
+    float const* const out = step(seqs, which, observe, Arch::is_cuda ? nullptr : logits.data(), nullptr);
+    if (out != logits.data()) mem.copy(logits.data(), out, logits.size() * sizeof(float), opts_.stream);
+    mem.synchronize(opts_.stream);
+    // Garbage in the weights shows here first; the scan costs far less than the lm_head GEMV.
+    std::size_t const bad = first_non_finite(logits);
+    if (bad != logits.size()) throw_non_finite(static_cast<std::int64_t>(bad) / cfg_.vocab);
+    end_step(seqs);
+  }
+
+  /// forward, bringing back each logits row's candidates (kernels/token_candidates) instead
+  /// of the row; logits_row gives a row in full until the next forward.
+  void forward(std::span<SequenceChunk const> seqs, LogitsFor which, CandidateRequest const& req,
+               LogitCandidates& out, HiddenObserver const& observe = {}) {
+    Memory& mem = *opts_.memory;
+    std::int64_t const rows = rows_of(seqs, which);
+    QFLASH_CHECK(req.k >= 1 && req.k <= kernels::kMaxTokenCandidates, "forward: ", req.k,
+                 " candidates per row; expected 1 to ", kernels::kMaxTokenCandidates);
+    QFLASH_CHECK(req.temperature.empty() || static_cast<std::int64_t>(req.temperature.size()) == rows,
+                 "forward: ", req.temperature.size(), " temperatures for ", rows, " logits rows");
+    for (std::size_t i = 0; i < req.excluded.size(); ++i)
+      QFLASH_CHECK(req.excluded[i] >= 0 && req.excluded[i] < cfg_.vocab && (i == 0 || req.excluded[i] > req.excluded[i - 1]),
+                   "forward: the excluded token ids must be ascending ids in [0, ", cfg_.vocab, "); id ",
+                   req.excluded[i], " at ", i, " is not");
+    begin_step(seqs);
+    out.k = req.k;
+    out.vocab = cfg_.vocab;
+    out.ids.resize(static_cast<std::size_t>(rows * req.k));
+    out.values.resize(out.ids.size());
+    out.stats.resize(static_cast<std::size_t>(rows));
+    kernels::TokenCandidatesArgs c{};
+    c.rows = rows;
+    c.vocab = static_cast<int>(cfg_.vocab);
+    c.k = req.k;
+    c.n_excluded = static_cast<int>(req.excluded.size());
+    if constexpr (Arch::is_cuda) {
+      c.temperature = req.temperature.empty() ? nullptr : put(req.temperature, temperature_);
+      c.excluded = put(req.excluded, excluded_);
+      c.ids = scratch_.sized(candidate_ids_, rows * req.k);
+      c.values = scratch_.sized(candidate_values_, rows * req.k);
+      c.stats = scratch_.sized(candidate_stats_, rows);
+    } else {
+      c.temperature = req.temperature.empty() ? nullptr : req.temperature.data();
+      c.excluded = req.excluded.data();
+      c.ids = out.ids.data();
+      c.values = out.values.data();
+      c.stats = out.stats.data();
+    }
+    step(seqs, which, observe, nullptr, &c);
+    candidate_rows_ = rows;
+    if constexpr (Arch::is_cuda) {
+      mem.copy(out.ids.data(), c.ids, out.ids.size() * sizeof(std::int32_t), opts_.stream);
+      mem.copy(out.values.data(), c.values, out.values.size() * sizeof(float), opts_.stream);
+      mem.copy(out.stats.data(), c.stats, out.stats.size() * sizeof(kernels::CandidateStats), opts_.stream);
+    }
+    mem.synchronize(opts_.stream);
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (out.stats[static_cast<std::size_t>(r)].non_finite > 0) throw_non_finite(r);
+    end_step(seqs);
+  }
+
+  /// Row r of the logits of the last forward that brought back candidates.
+  void logits_row(std::int64_t r, std::span<float> out) const {
+    std::size_t const vocab = static_cast<std::size_t>(cfg_.vocab);
+    QFLASH_CHECK(out.size() == vocab && r >= 0 && r < candidate_rows_, "logits_row: no row ", r, " of ", vocab,
+                 " logits from the last forward (", candidate_rows_, " rows of candidates)");
+    opts_.memory->copy(out.data(), logits_.data() + static_cast<std::size_t>(r) * vocab, vocab * sizeof(float),
+                       opts_.stream);
+    opts_.memory->synchronize(opts_.stream);
+  }
+
+ private:
+  /// Rows of logits a forward of `seqs` computes.
+  static std::int64_t rows_of(std::span<SequenceChunk const> seqs, LogitsFor which) {
+    if (which == LogitsFor::kLastToken) return static_cast<std::int64_t>(seqs.size());
+    std::int64_t n = 0;
+    for (auto const& c : seqs) n += static_cast<std::int64_t>(c.tokens.size());
+    return n;
+  }
+
+  [[noreturn]] static void throw_non_finite(std::int64_t row) {
+    QFLASH_FAIL("the logits of batch row ", row,
+                " are not finite (NaN or Inf): the model's weights or activations overflowed or hold NaN/Inf "
+                "(qflash inspect --check-weights scans the weights)");
+  }
+
+  /// A copy of `host` in the device buffer `dev` (one small copy, queued on the stream).
+  template <class T>
+  T* put(std::span<T const> host, MemoryVector<T>& dev) {
+    T* d = scratch_.sized(dev, std::max<std::int64_t>(1, static_cast<std::int64_t>(host.size())));
+    if (!host.empty()) opts_.memory->copy(d, host.data(), host.size() * sizeof(T), opts_.stream);
+    return d;
+  }
+
+  void begin_step(std::span<SequenceChunk const> seqs) {
+    candidate_rows_ = 0;
+    opts_.memory->activate();
     // Work a failed forward left queued must not race the host's writes below (free otherwise).
-    if constexpr (Arch::is_cuda) mem.synchronize(opts_.stream);
+    if constexpr (Arch::is_cuda) opts_.memory->synchronize(opts_.stream);
     layout(seqs);
+  }
+
+  /// After a step's results are on the host: the route observer, then the sequences advance.
+  void end_step(std::span<SequenceChunk const> seqs) {
+    for (RouteRecord const& r : step_routes_) opts_.on_route(r);
+    for (auto const& c : seqs) c.state->advance(static_cast<std::int64_t>(c.tokens.size()));
+  }
+
+  /// Queues the step's device work, from the embedding to the logits (into `host_logits`, or
+  /// the model's logits_ when null) and, when `candidates` is given, their candidates; returns
+  /// where the logits are.
+  float const* step(std::span<SequenceChunk const> seqs, LogitsFor which, HiddenObserver const& observe,
+                    float* host_logits, kernels::TokenCandidatesArgs* candidates) {
+    Memory& mem = *opts_.memory;
     stream_t const stream = opts_.stream;
     std::int64_t const d = dim<S.d_model>(cfg_.d_model);
     std::int64_t const T = batch_.n_tokens();
@@ -199,10 +339,9 @@ class Model {
 
     // Logits of the rows asked for: every row, or each sequence's last (gathered into mix when
     // some sequence has more than one).
-    std::int64_t const n_rows = which == LogitsFor::kLastToken ? static_cast<std::int64_t>(seqs.size()) : T;
-    logits.resize(static_cast<std::size_t>(n_rows * cfg_.vocab));
-    // A device model projects into its memory, then brings the logits to the host.
-    float* const out_logits = Arch::is_cuda ? scratch_.sized(logits_, n_rows * cfg_.vocab) : logits.data();
+    std::int64_t const n_rows = rows_of(seqs, which);
+    float* const out_logits = host_logits ? host_logits : scratch_.sized(logits_, n_rows * cfg_.vocab);
+    if (candidates) candidates->logits = out_logits;
 
     // The step's device work, from the embedding to the logits: recorded and launched as one
     // when it has the shape of the step before (scratch sized already) and nothing observes it.
@@ -258,26 +397,18 @@ class Model {
           project<S, Arch>(*ad->lm_head, rows + r0 * d, all ? batch_.rows_of(i) : 1, out_logits + r0 * cfg_.vocab,
                            stream, "lm_head (LoRA modules_to_save)");
         }
+      if (candidates)
+        check_launch(kernels::launch_token_candidates<S>(Arch{}, *candidates, stream), "token_candidates");
     };
-    StepShape const shape{T, static_cast<std::int64_t>(seqs.size()), which};
+    StepShape const shape{T, static_cast<std::int64_t>(seqs.size()), which, candidates ? candidates->k : 0,
+                          candidates ? candidates->n_excluded : 0, candidates && candidates->temperature};
     // A device model's route observer runs after the step (step_routes_), so it records too.
     bool const recordable = opts_.recorder && !observe && (Arch::is_cuda || !opts_.on_route) && shape == last_shape_;
     last_shape_ = shape;
     if (!recordable || !opts_.recorder->run(stream, enqueue)) enqueue();
-
-    if (out_logits != logits.data()) mem.copy(logits.data(), out_logits, logits.size() * sizeof(float), stream);
-    mem.synchronize(stream);
-    // Garbage in the weights shows here first; the scan costs far less than the lm_head GEMV.
-    std::size_t const bad = first_non_finite(logits);
-    QFLASH_CHECK(bad == logits.size(), "the logits of batch row ", bad / static_cast<std::size_t>(cfg_.vocab),
-                 " are not finite (NaN or Inf): the model's weights or activations overflowed or hold NaN/Inf "
-                 "(qflash inspect --check-weights scans the weights)");
-    for (RouteRecord const& r : step_routes_) opts_.on_route(r);
-
-    for (auto const& c : seqs) c.state->advance(static_cast<std::int64_t>(c.tokens.size()));
+    return out_logits;
   }
 
- private:
   /// Throws Error, naming `who`, unless this model can read KV in `pool`'s memory: its own
   /// device memory for a CUDA model, host memory for a CPU one.
   void check_pool_memory(kv::KvBlockPool const& pool, char const* who) const {
@@ -331,14 +462,10 @@ class Model {
     if constexpr (!Arch::is_cuda) {
       k = {batch_.positions.data(), batch_.tokens.data(), policies ? batch_.token_policies.data() : nullptr};
     } else {
-      auto put = [&]<class T>(std::vector<T> const& host, MemoryVector<T>& dev) {
-        T* d = scratch_.sized(dev, static_cast<std::int64_t>(host.size()));
-        opts_.memory->copy(d, host.data(), host.size() * sizeof(T), opts_.stream);
-        return d;
-      };
-      k.positions = put(batch_.positions, positions_);
-      k.tokens = put(batch_.tokens, tokens_);
-      k.token_policies = policies ? put(batch_.token_policies, token_policies_) : nullptr;
+      k.positions = put(std::span<std::int64_t const>(batch_.positions), positions_);
+      k.tokens = put(std::span<std::int32_t const>(batch_.tokens), tokens_);
+      k.token_policies = policies ? put(std::span<kernels::RoutingPolicy const>(batch_.token_policies), token_policies_)
+                                  : nullptr;
     }
   }
 
@@ -414,6 +541,8 @@ class Model {
   struct StepShape {
     std::int64_t n_tokens = -1, n_seqs = 0;
     LogitsFor which = LogitsFor::kAllTokens;
+    int candidates = 0, excluded = 0;  ///< the candidates' k and excluded ids (0: none asked)
+    bool temperatures = false;
     bool operator==(StepShape const&) const = default;
   };
 
@@ -427,6 +556,11 @@ class Model {
   MemoryVector<std::int64_t> positions_;
   MemoryVector<std::int32_t> tokens_;
   MemoryVector<kernels::RoutingPolicy> token_policies_;
+  std::int64_t candidate_rows_ = 0;  ///< logits rows of the last forward, when it brought back candidates
+  // A CUDA model's candidate requests and results.
+  MemoryVector<float> temperature_, candidate_values_;
+  MemoryVector<std::int32_t> excluded_, candidate_ids_;
+  MemoryVector<kernels::CandidateStats> candidate_stats_;
 };
 
 }  // namespace qflash::model

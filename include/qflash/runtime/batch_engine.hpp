@@ -97,6 +97,10 @@ class BatchEngine final : public Engine {
     QFLASH_CHECK(opts_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
                  opts_.max_num_batched_tokens);
     QFLASH_CHECK(opts_.max_queue >= 1, "max_queue must be >= 1, got ", opts_.max_queue);
+    QFLASH_CHECK(opts_.sampling_candidates == 0 || (opts_.sampling_candidates >= kMaxTopLogprobs &&
+                                                    opts_.sampling_candidates <= kernels::kMaxTokenCandidates),
+                 "sampling_candidates must be 0 (whole rows) or in [", kMaxTopLogprobs, ", ",
+                 kernels::kMaxTokenCandidates, "], got ", opts_.sampling_candidates);
     QFLASH_CHECK(opts_.max_context >= 0 && opts_.max_context <= cfg_->max_position_embeddings,
                  "max_context must be in [0, ", cfg_->max_position_embeddings, "] (0: the model's), got ",
                  opts_.max_context);
@@ -218,6 +222,9 @@ class BatchEngine final : public Engine {
                  static_cast<double>(m.decode_tokens));
     prom::single(out, "qflash:prefill_decode_ratio", "Prefill over decode tokens in the last 256 steps.", "gauge",
                  m.decode_window.mean() > 0 ? m.prefill_window.mean() / m.decode_window.mean() : 0.0);
+    prom::single(out, "qflash:sampling_full_row_draws_total",
+                 "Tokens drawn from their whole logits row, where the row's best tokens did not decide.", "counter",
+                 static_cast<double>(m.full_row_draws));
     prom::single(out, "qflash:num_preemptions_total", "Sequences preempted for want of KV blocks.", "counter",
                  static_cast<double>(m.preemptions));
     prom::single(out, "qflash:requests_finished_total", "Requests that ended.", "counter",
@@ -298,6 +305,7 @@ class BatchEngine final : public Engine {
     prom::Histogram ttft{prom::latency_buckets()}, itl{prom::latency_buckets()}, e2e{prom::latency_buckets()},
         queue{prom::latency_buckets()}, seq_wait{prom::latency_buckets()};
     std::int64_t prompt_tokens = 0, generation_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
+    std::int64_t full_row_draws = 0;
     std::int64_t preemptions = 0, finished = 0;
     std::int64_t prefix_queries = 0, prefix_hits = 0, snapshot_hits = 0, snapshot_bytes = 0;
     detail::WindowMean prefill_window{256}, decode_window{256}, step_tokens{64}, step_seconds{64};
@@ -448,8 +456,21 @@ class BatchEngine final : public Engine {
                                                                              static_cast<std::size_t>(b.n)),
                            &*b.seq->state, b.seq->req->params.routing ? &*b.seq->req->params.routing : nullptr,
                            adapter_of(b.seq->req->params)});
+      temperatures_.clear();
+      for (Scheduled const& b : batch_) temperatures_.push_back(b.seq->sampler->params().temperature);
+      // Candidates when some draw of the step may be decided by them.
+      whole_rows_ = std::none_of(batch_.begin(), batch_.end(), [&](Scheduled const& b) {
+        return opts_.sampling_candidates > 0 &&
+               b.seq->computed + b.n == static_cast<std::int64_t>(b.seq->tokens.size()) &&
+               may_decide_from_candidates(*b.seq);
+      });
       try {
-        model_->forward(chunks_, model::LogitsFor::kLastToken, logits_);
+        if (!whole_rows_)
+          model_->forward(chunks_, model::LogitsFor::kLastToken,
+                          model::CandidateRequest{opts_.sampling_candidates, temperatures_, untokenizable_},
+                          candidates_);
+        else
+          model_->forward(chunks_, model::LogitsFor::kLastToken, full_logits_);
       } catch (std::exception const& e) {
         std::vector<Request*> hit;
         for (Scheduled const& b : batch_) hit.push_back(b.seq->req);
@@ -469,14 +490,13 @@ class BatchEngine final : public Engine {
         metrics_.decode_window.add(static_cast<double>(decode));
         metrics_.step_tokens.add(static_cast<double>(prefill + decode));
       }
-      auto const vocab = static_cast<std::size_t>(cfg_->vocab);
       draws_.clear();
       for (std::size_t i = 0; i < batch_.size(); ++i) {
         Sequence& s = *batch_[i].seq;
         s.computed += batch_[i].n;
         cache_blocks(s);
         if (s.computed == static_cast<std::int64_t>(s.tokens.size()))
-          add_draws(s, std::span<float const>(logits_).subspan(i * vocab, vocab));
+          add_draws(s, static_cast<std::int64_t>(i));
       }
       pick_tokens();
       for (Draw& d : draws_) emit_token(d);
@@ -675,29 +695,31 @@ class BatchEngine final : public Engine {
 
   // ---- sampling and streaming -------------------------------------------------------------
 
-  /// A next token to draw for s from `logits` (computed in pick_tokens, sent in emit_token).
+  /// A next token to draw for s from batch row `row`'s logits (computed in pick_tokens, sent
+  /// in emit_token).
   struct Draw {
     Sequence* seq;
-    std::span<float const> logits;
+    std::int64_t row;
     std::int32_t token = -1;
     std::optional<TokenLogprob> logprob;
+    std::span<float const> logits;  ///< the row in full, for a draw its candidates did not decide
   };
 
   /// Scratch of one pick_tokens slot.
   struct DrawScratch {
-    std::vector<float> work, logprobs;
+    std::vector<float> work, logprobs, lowered;
     std::vector<std::int32_t> order;
     std::vector<int> counts;
   };
 
   /// Queues s's next token; after a prompt's first token, forks its other choices, which share
   /// these logits. A sequence gets one draw a step (a fork may also have computed its prompt).
-  void add_draws(Sequence& s, std::span<float const> logits) {
+  void add_draws(Sequence& s, std::int64_t row) {
     Request& r = *s.req;
     if (s.choice == 0 && !r.forked && s.tokens.size() == static_cast<std::size_t>(s.n_prompt)) fork_choices(r);
     auto const add = [&](Sequence& q) {
       if (std::none_of(draws_.begin(), draws_.end(), [&](Draw const& d) { return d.seq == &q; }))
-        draws_.push_back(Draw{&q, logits, -1, std::nullopt});
+        draws_.push_back(Draw{&q, row, -1, std::nullopt, {}});
     };
     add(s);
     if (s.choice == 0 && r.forked && s.generated == 0)
@@ -707,11 +729,93 @@ class BatchEngine final : public Engine {
 
   /// Every draw's token (and log-probabilities), over the threads: each sequence has its own
   /// sampler, and each slot its scratch (the penalties and log-probabilities of a vocabulary).
+  /// First from the candidates; the draws they leave undecided then read their rows in full.
   void pick_tokens() {
     draw_scratch_.resize(static_cast<std::size_t>(max_threads()));
-    parallel_for(0, static_cast<std::int64_t>(draws_.size()), cfg_->vocab, [&](std::int64_t i) {
-      pick_token(draws_[static_cast<std::size_t>(i)], draw_scratch_[static_cast<std::size_t>(parallel_slot())]);
+    auto const n_draws = static_cast<std::int64_t>(draws_.size());
+    auto const vocab = static_cast<std::size_t>(cfg_->vocab);
+    bool const whole_rows = whole_rows_;  // full_logits_ holds every row
+    if (!whole_rows)
+      parallel_for(0, n_draws, opts_.sampling_candidates * 64, [&](std::int64_t i) {
+        pick_from_candidates(draws_[static_cast<std::size_t>(i)],
+                             draw_scratch_[static_cast<std::size_t>(parallel_slot())]);
+      });
+    full_rows_.clear();
+    for (Draw const& d : draws_)
+      if (d.token < 0 && std::find(full_rows_.begin(), full_rows_.end(), d.row) == full_rows_.end())
+        full_rows_.push_back(d.row);
+    std::int64_t const full = std::count_if(draws_.begin(), draws_.end(), [](Draw const& d) { return d.token < 0; });
+    {
+      std::lock_guard lock(metrics_mutex_);
+      metrics_.full_row_draws += full;
+    }
+    if (full == 0) return;
+    if (!whole_rows) {
+      full_logits_.resize(full_rows_.size() * vocab);
+      for (std::size_t j = 0; j < full_rows_.size(); ++j)
+        model_->logits_row(full_rows_[j], std::span(full_logits_).subspan(j * vocab, vocab));
+    }
+    for (Draw& d : draws_)
+      if (d.token < 0) {
+        auto const j = whole_rows ? static_cast<std::size_t>(d.row)
+                                  : static_cast<std::size_t>(std::find(full_rows_.begin(), full_rows_.end(), d.row) -
+                                                             full_rows_.begin());
+        d.logits = std::span<float const>(full_logits_).subspan(j * vocab, vocab);
+      }
+    parallel_for(0, n_draws, cfg_->vocab, [&](std::int64_t i) {
+      Draw& d = draws_[static_cast<std::size_t>(i)];
+      if (d.token < 0) pick_token(d, draw_scratch_[static_cast<std::size_t>(parallel_slot())]);
     });
+  }
+
+  /// Whether s's draws may be decided by its rows' candidates.
+  static bool may_decide_from_candidates(Sequence const& s) {
+    GenerationRequest const& p = s.req->params;
+    if (p.frequency_penalty < 0 || p.presence_penalty < 0) return false;  // raise tokens outside
+    return s.sampler->may_decide_from_candidates(p.frequency_penalty != 0 || p.presence_penalty != 0);
+  }
+
+  /// d's token and log-probabilities from its row's candidates, where they decide them; else
+  /// d is left as it was (token -1), its sampler untouched.
+  void pick_from_candidates(Draw& d, DrawScratch& sc) const {
+    Sequence& s = *d.seq;
+    GenerationRequest const& p = s.req->params;
+    CandidateRow const row{candidates_.ids_of(d.row), candidates_.values_of(d.row),
+                           candidates_.stats[static_cast<std::size_t>(d.row)], cfg_->vocab};
+    if (!may_decide_from_candidates(s)) return;
+    std::span<float const> lowered;
+    if (p.frequency_penalty != 0 || p.presence_penalty != 0) {
+      // Each candidate's count in the generated tokens: one pass, candidates found by id.
+      std::vector<std::int32_t>& by_id = sc.order;
+      by_id.resize(row.ids.size());
+      for (std::size_t i = 0; i < by_id.size(); ++i) by_id[i] = static_cast<std::int32_t>(i);
+      std::sort(by_id.begin(), by_id.end(), [&](std::int32_t a, std::int32_t b) {
+        return row.ids[static_cast<std::size_t>(a)] < row.ids[static_cast<std::size_t>(b)];
+      });
+      sc.counts.assign(row.ids.size(), 0);
+      for (std::size_t t = static_cast<std::size_t>(s.n_prompt); t < s.tokens.size(); ++t) {
+        auto const at = std::lower_bound(by_id.begin(), by_id.end(), s.tokens[t], [&](std::int32_t i, std::int32_t id) {
+          return row.ids[static_cast<std::size_t>(i)] < id;
+        });
+        if (at != by_id.end() && row.ids[static_cast<std::size_t>(*at)] == s.tokens[t])
+          ++sc.counts[static_cast<std::size_t>(*at)];
+      }
+      sc.lowered.assign(row.ids.size(), 0.0f);
+      for (std::size_t i = 0; i < row.ids.size(); ++i)
+        if (sc.counts[i] > 0) sc.lowered[i] = p.frequency_penalty * static_cast<float>(sc.counts[i]) + p.presence_penalty;
+      lowered = sc.lowered;
+    }
+    std::optional<TokenLogprob> lp;
+    if (p.top_logprobs >= 0 && !(lp = candidate_logprobs(row, p.top_logprobs, sc))) return;
+    std::optional<std::int32_t> const token = s.sampler->sample(row, s.tokens, lowered);
+    if (!token) return;
+    d.token = *token;
+    if (lp) {
+      lp->token = d.token;
+      auto const at = std::find(row.ids.begin(), row.ids.end(), d.token) - row.ids.begin();
+      lp->logprob = row.logits[static_cast<std::size_t>(at)] - row.stats.log_norm;
+      d.logprob = std::move(lp);
+    }
   }
 
   void pick_token(Draw& d, DrawScratch& sc) const {
@@ -812,6 +916,37 @@ class BatchEngine final : public Engine {
       s.emitted = ready;
     }
     r.stream->push(std::move(ev));
+  }
+
+  /// logprobs(sc, k) from a row's candidates, where they decide the top k; else nullopt.
+  static std::optional<TokenLogprob> candidate_logprobs(CandidateRow const& row, int k, DrawScratch& sc) {
+    TokenLogprob out;
+    if (k == 0) return out;
+    std::size_t const n_cand = std::min(row.ids.size(), static_cast<std::size_t>(row.vocab));
+    auto const kk = std::min<std::size_t>(static_cast<std::size_t>(k), static_cast<std::size_t>(row.vocab));
+    if (kk > n_cand) return std::nullopt;
+    float const lse = row.stats.log_norm;
+    std::vector<float>& lp = sc.logprobs;
+    lp.resize(n_cand);
+    for (std::size_t i = 0; i < n_cand; ++i) lp[i] = row.logits[i] - lse;
+    std::vector<std::int32_t>& order = sc.order;  // candidate indices, as logprobs() ranks ids
+    order.resize(n_cand);
+    for (std::size_t i = 0; i < n_cand; ++i) order[i] = static_cast<std::int32_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+      return lp[static_cast<std::size_t>(a)] > lp[static_cast<std::size_t>(b)] ||
+             (lp[static_cast<std::size_t>(a)] == lp[static_cast<std::size_t>(b)] &&
+              row.ids[static_cast<std::size_t>(a)] < row.ids[static_cast<std::size_t>(b)]);
+    });
+    // A token outside has a log-probability of at most the last candidate's logit's; one equal
+    // to the k-th's might have a lower id.
+    if (n_cand < static_cast<std::size_t>(row.vocab) &&
+        !(lp[static_cast<std::size_t>(order[kk - 1])] > row.logits[n_cand - 1] - lse))
+      return std::nullopt;
+    for (std::size_t i = 0; i < kk; ++i) {
+      auto const c = static_cast<std::size_t>(order[i]);
+      out.top.emplace_back(row.ids[c], lp[c]);
+    }
+    return out;
   }
 
   /// The top k tokens' log-probabilities from sc.work (the logits as the model gives them,
@@ -977,7 +1112,11 @@ class BatchEngine final : public Engine {
   std::vector<Sequence*> running_;
   std::vector<Scheduled> batch_;
   std::vector<model::SequenceChunk> chunks_;
-  std::vector<float> logits_;
+  std::vector<float> temperatures_;  ///< of the batch's rows
+  model::LogitCandidates candidates_;
+  std::vector<std::int64_t> full_rows_;  ///< rows read in full this step, and their logits
+  std::vector<float> full_logits_;       ///< (every row when whole_rows_)
+  bool whole_rows_ = false;              ///< the step brought back whole logits rows, not candidates
   std::vector<Draw> draws_;
   std::vector<DrawScratch> draw_scratch_;  ///< by parallel_slot()
   std::ofstream router_log_;

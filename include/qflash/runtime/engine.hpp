@@ -61,6 +61,10 @@ struct EngineOptions {
   PrefixCacheOptions prefix;
   std::string router_log_path;         ///< JSONL of routing decisions per generated token (empty: off)
   std::int64_t router_log_max_bytes = 64 << 20;  ///< the log stops growing past this
+  /// The best tokens of each logits row the model brings back to sample from (0: every row in
+  /// full, as a check of them); at least 20 (top_logprobs), at most 256. The draws are the same
+  /// either way: one these do not decide reads its row in full.
+  int sampling_candidates = kSamplingCandidates;
 };
 
 /// What the server reports about the engine.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -121,7 +122,6 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
   auto state = model.new_sequence(opt.kv);
   state.reserve(std::min<std::int64_t>(context, res.n_prompt + opt.max_tokens));
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
-  std::vector<float> logits;
   io::StreamDecoder decoder(tok);
   // Ids the tokenizer has no token for (the padding of the vocabulary) are never sampled;
   // end-of-sequence ids are, even when the tokenizer lacks them.
@@ -129,20 +129,39 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
   for (std::int32_t id = 0; id < model.config().vocab; ++id)
     if (!tok.has(id) && std::find(opt.eos_ids.begin(), opt.eos_ids.end(), id) == opt.eos_ids.end())
       untokenizable.push_back(id);
-  auto mask = [&] {
+  // Each step brings back the logits' best tokens where they may decide the draw; one they do
+  // not decide reads the row.
+  bool const use_candidates = sampler.may_decide_from_candidates(false);
+  float const temperature = opt.sampling.temperature;
+  model::CandidateRequest const want{kSamplingCandidates, std::span(&temperature, 1), untokenizable};
+  model::LogitCandidates candidates;
+  std::vector<float> logits;
+  model::SequenceChunk chunk{prompt, &state};
+  auto forward = [&] {
+    if (use_candidates)
+      model.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, want, candidates);
+    else
+      model.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  };
+  auto next_token = [&] {
+    if (use_candidates) {
+      CandidateRow const row{candidates.ids_of(0), candidates.values_of(0), candidates.stats[0], model.config().vocab};
+      if (std::optional<std::int32_t> t = sampler.sample(row, history)) return *t;
+      logits.resize(static_cast<std::size_t>(model.config().vocab));
+      model.logits_row(0, logits);
+    }
     for (std::int32_t id : untokenizable) logits[static_cast<std::size_t>(id)] = -INFINITY;
+    return sampler.sample(logits, history);
   };
   std::size_t emitted = 0;  // bytes of res.text already passed to on_text
 
   auto const t0 = clock::now();
-  model::SequenceChunk chunk{prompt, &state};
-  model.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+  forward();
   auto t1 = clock::now();
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
   for (int i = 0; i < opt.max_tokens; ++i) {
-    mask();
-    std::int32_t const next = sampler.sample(logits, history);
+    std::int32_t const next = next_token();
     if (std::find(opt.eos_ids.begin(), opt.eos_ids.end(), next) != opt.eos_ids.end()) {
       res.finish = FinishReason::kEos;
       break;
@@ -162,7 +181,7 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
     emitted = std::max(emitted, ready);
     if (i + 1 == opt.max_tokens || static_cast<std::int64_t>(history.size()) == context) break;
     chunk = {std::span(&res.tokens.back(), 1), &state};
-    model.forward(std::span(&chunk, 1), model::LogitsFor::kLastToken, logits);
+    forward();
   }
   if (res.finish != FinishReason::kStopString) res.text += decoder.flush();
   if (on_text && res.text.size() > emitted) on_text(std::string_view(res.text).substr(emitted));

@@ -2,6 +2,10 @@
 /// Next-token sampling from logits: repetition penalty, then temperature, then top-k, top-p
 /// and min-p filters, then a draw from the renormalised distribution. Temperature 0 is greedy
 /// (argmax, lowest id on ties). Seeded, so a seed reproduces a generation.
+///
+/// A sampler also decides from a row's best tokens alone (kernels/token_candidates), where
+/// they cover its choice: then it draws exactly what it would from the whole row, with the
+/// same use of its generator.
 #pragma once
 
 #include <algorithm>
@@ -9,12 +13,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "qflash/core/error.hpp"
+#include "qflash/kernels/token_candidates/op.hpp"
 
 namespace qflash::runtime {
 
@@ -41,6 +47,20 @@ inline std::int32_t argmax(std::span<float const> logits) {
   return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+/// The best tokens of a logits row that generation brings back from the model to sample
+/// from (kernels/token_candidates): covers top-k up to 64, the engine's top_logprobs, and the
+/// nucleus of a trained model's usual top-p; a draw they do not decide reads the row in full.
+inline constexpr int kSamplingCandidates = 64;
+
+/// A logits row of `vocab` tokens as kernels/token_candidates gives it: its best tokens, best
+/// first (higher logit, then lower id), and its sums at the sampler's temperature.
+struct CandidateRow {
+  std::span<std::int32_t const> ids;
+  std::span<float const> logits;
+  kernels::CandidateStats stats;
+  std::int64_t vocab = 0;
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams const& p) : p_(p), rng_(p.seed) { validate(p); }
@@ -55,6 +75,129 @@ class Sampler {
     for (std::size_t i = 0; i < cut; ++i) weights_[i] = candidates_[i].weight;
     std::discrete_distribution<std::size_t> pick(weights_.begin(), weights_.end());
     return candidates_[pick(rng_)].id;
+  }
+
+  /// Whether sample(CandidateRow) can ever decide with these parameters (a caller that lowers
+  /// logits itself says so): not where every token stays in the draw (no top-k, top-p or
+  /// min-p), a penalty may raise a logit, or top-p needs a penalised row's whole mass.
+  [[nodiscard]] bool may_decide_from_candidates(bool caller_lowers) const {
+    if (p_.repetition_penalty < 1.0f) return false;
+    bool const penalised = caller_lowers || p_.repetition_penalty != 1.0f;
+    bool const top_k = p_.top_k > 0, top_p = p_.top_p < 1.0f;
+    return p_.temperature == 0.0f || top_k || (top_p && !penalised) || (!top_p && p_.min_p > 0.0f);
+  }
+
+  /// sample(row's logits, history) from the row's candidates alone, when they decide it; else
+  /// nullopt, with the generator untouched. `lowered` holds what the caller already took off
+  /// each candidate's logit (penalties of its own, >= 0; empty: none); a caller that lowers any
+  /// token passes it, even all zeros. The choice is decided when every token it depends on is
+  /// a candidate: the draw's tokens, and every token ranked above them.
+  std::optional<std::int32_t> sample(CandidateRow const& row, std::span<std::int32_t const> history = {},
+                                     std::span<float const> lowered = {}) {
+    std::size_t const n_cand = std::min(row.ids.size(), static_cast<std::size_t>(row.vocab));
+    bool const outside = static_cast<std::size_t>(row.vocab) > n_cand;  // tokens that are not candidates
+    if (n_cand == 0) return std::nullopt;
+    // No token outside has a logit above `bound`, penalised or not: penalties only lower.
+    float const bound = outside ? row.logits[n_cand - 1] : -INFINITY;
+    bool const repeat = p_.repetition_penalty != 1.0f && !history.empty();
+    if (repeat && p_.repetition_penalty < 1.0f) return std::nullopt;
+    bool const penalised = repeat || !lowered.empty();
+    candidates_.resize(n_cand);
+    for (std::size_t i = 0; i < n_cand; ++i) {
+      float l = row.logits[i];
+      if (!lowered.empty()) {
+        if (!(lowered[i] >= 0.0f)) return std::nullopt;
+        l -= lowered[i];
+      }
+      candidates_[i] = {l, row.ids[i], 0.0f};
+    }
+    if (repeat) {  // once per candidate in the history, as penalised() does
+      order_.resize(n_cand);
+      for (std::size_t i = 0; i < n_cand; ++i) order_[i] = i;
+      auto const id_of = [&](std::size_t i) { return candidates_[i].id; };
+      std::sort(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) { return id_of(a) < id_of(b); });
+      changed_.assign(n_cand, false);  // here: seen in the history
+      for (std::int32_t t : history) {
+        auto const at = std::lower_bound(order_.begin(), order_.end(), t,
+                                         [&](std::size_t i, std::int32_t id) { return id_of(i) < id; });
+        if (at == order_.end() || id_of(*at) != t || changed_[*at]) continue;
+        changed_[*at] = true;
+        float& l = candidates_[*at].logit;
+        l = l < 0 ? l * p_.repetition_penalty : l / p_.repetition_penalty;
+      }
+    }
+    changed_.resize(n_cand);
+    for (std::size_t i = 0; i < n_cand; ++i) changed_[i] = candidates_[i].logit != row.logits[i];
+    if (penalised) {
+      order_.resize(n_cand);
+      for (std::size_t i = 0; i < n_cand; ++i) order_[i] = i;
+      std::sort(order_.begin(), order_.end(),
+                [&](std::size_t a, std::size_t b) { return ranks_higher(candidates_[a], candidates_[b]); });
+      ranked_.resize(n_cand);
+      ranked_changed_.resize(n_cand);
+      for (std::size_t i = 0; i < n_cand; ++i) {
+        ranked_[i] = candidates_[order_[i]];
+        ranked_changed_[i] = changed_[order_[i]];
+      }
+      candidates_.swap(ranked_);
+      changed_.swap(ranked_changed_);
+    }
+    // Whether candidate i ranks above every token outside: one left at `bound` does, since the
+    // candidates hold the lower ids of those at it.
+    auto const above_outside = [&](std::size_t i) {
+      return !outside || candidates_[i].logit > bound || (candidates_[i].logit == bound && !changed_[i]);
+    };
+    if (p_.temperature == 0.0f) {
+      if (!above_outside(0)) return std::nullopt;
+      return candidates_[0].id;
+    }
+
+    auto const n = static_cast<std::size_t>(row.vocab);
+    bool const top_k = p_.top_k > 0 && static_cast<std::size_t>(p_.top_k) < n;
+    std::size_t const keep = top_k ? static_cast<std::size_t>(p_.top_k) : n;
+    if (top_k && (keep > n_cand || !above_outside(keep - 1))) return std::nullopt;
+    if (!above_outside(0) && candidates_[0].logit < bound) return std::nullopt;  // the max is outside
+    float const mx = candidates_[0].logit;
+    for (auto& c : candidates_) c.weight = std::exp((c.logit - mx) / p_.temperature);
+
+    // top-p over the ranked tokens, as filter() walks them.
+    std::size_t cut = keep;
+    if (p_.top_p < 1.0f) {
+      double sum = 0;
+      if (top_k) {
+        for (std::size_t i = 0; i < keep; ++i) sum += candidates_[i].weight;
+      } else {
+        if (penalised) return std::nullopt;  // the row's sum holds no penalty
+        sum = row.stats.mass;
+      }
+      double const target = static_cast<double>(p_.top_p) * sum;
+      double mass = 0;
+      std::size_t i = 0;
+      for (; i < keep && mass < target; ++i) {
+        if (i >= n_cand || !above_outside(i)) return std::nullopt;
+        mass += candidates_[i].weight;
+      }
+      cut = i;
+    }
+    // The drawn tokens, in filter()'s order: ranked where top-k or top-p ranked them, else by id.
+    if (!top_k && p_.top_p >= 1.0f) {
+      if (outside) {
+        // Every token left must be a candidate: min-p has to drop all at `bound` and below.
+        if (p_.min_p <= 0.0f || !(std::exp((bound - mx) / p_.temperature) < p_.min_p)) return std::nullopt;
+      }
+      cut = n_cand;
+      std::sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(cut),
+                [](Candidate const& a, Candidate const& b) { return a.id < b.id; });
+    }
+    weights_.clear();
+    picked_.clear();
+    for (std::size_t i = 0; i < cut; ++i)
+      if (p_.min_p <= 0.0f || candidates_[i].weight >= p_.min_p) {
+        weights_.push_back(candidates_[i].weight);
+        picked_.push_back(candidates_[i].id);
+      }
+    std::discrete_distribution<std::size_t> pick(weights_.begin(), weights_.end());
+    return picked_[pick(rng_)];
   }
 
   /// What sample() draws from at a temperature above 0: each candidate token left after the
@@ -76,6 +219,9 @@ class Sampler {
     std::int32_t id;
     float weight;
   };
+  static bool ranks_higher(Candidate const& a, Candidate const& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  }
 
   /// The logits after the repetition penalty (in scratch_).
   std::span<float const> penalised(std::span<float const> logits, std::span<std::int32_t const> history) {
@@ -101,9 +247,6 @@ class Sampler {
     QFLASH_CHECK(n > 0, "sampling from no logits");
     candidates_.resize(n);
     for (std::size_t i = 0; i < n; ++i) candidates_[i] = {scratch_[i], static_cast<std::int32_t>(i), 0.0f};
-    auto const ranks_higher = [](Candidate const& a, Candidate const& b) {
-      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-    };
     auto const at = [&](std::size_t i) { return candidates_.begin() + static_cast<std::ptrdiff_t>(i); };
     std::size_t keep = n, ranked = 0;  // candidates_[0, ranked) are the best, in order
     if (p_.top_k > 0 && static_cast<std::size_t>(p_.top_k) < n) {
@@ -166,6 +309,11 @@ class Sampler {
   std::vector<Candidate> candidates_;
   std::vector<float> weights_;
   std::vector<bool> seen_;
+  // sample(CandidateRow): which candidates a penalty changed, and the reordering.
+  std::vector<bool> changed_, ranked_changed_;
+  std::vector<std::size_t> order_;
+  std::vector<Candidate> ranked_;
+  std::vector<std::int32_t> picked_;
 };
 
 }  // namespace qflash::runtime

@@ -1,8 +1,8 @@
 // The serving engine with its model on CUDA (runtime/cuda/engine.hpp) against the same engine
 // on the CPU, on the embedded default model: concurrent requests with chunked prefill, a KV
 // pool too small for all of them (preemption), prefix hits that restore Gated DeltaNet states
-// from device memory, forked choices, the KV budget from the device's memory, and the adapters
-// a device runs.
+// from device memory, forked choices, the KV budget from the device's memory, and a LoRA
+// adapter that updates the experts.
 #include "gpu/gpu_main.hpp"
 
 #include <cmath>
@@ -167,9 +167,24 @@ TEST_CASE("engine on CUDA: the KV budget from the device's memory") {
   test::expect_error([&] { (void)on_gpu(o); }, {"not both"});
 }
 
-TEST_CASE("engine on CUDA: an adapter that updates the experts is refused with a clear error") {
+TEST_CASE("engine on CUDA: an adapter that updates the experts runs unmerged, beside requests without it") {
   EngineOptions o;
   LoadedModel const base = load();
   o.adapters.push_back(load_lora(std::string(QFLASH_SOURCE_DIR) + "/tests/fixtures/lora/austen", base));
-  test::expect_error([&] { (void)on_gpu(o); }, {"LoRA adapter 'austen' updates the experts", "--lora-merge"});
+  REQUIRE(o.adapters.back()->touches_experts());
+  auto cpu = on_cpu(o);
+  auto gpu = on_gpu(o);
+  // Every other request names the adapter, so batches hold both and runs of each.
+  std::vector<std::shared_ptr<RequestStream>> on_host, on_device;
+  for (std::size_t i = 0; i < kPrompts.size(); ++i) {
+    GenerationRequest r = greedy_with_logprobs(encode(kPrompts[i]), 24);
+    if (i % 2 == 0) r.lora = "austen";
+    on_host.push_back(cpu->submit(r));
+    on_device.push_back(gpu->submit(r));
+  }
+  for (std::size_t i = 0; i < kPrompts.size(); ++i) {
+    CAPTURE(kPrompts[i]);
+    CAPTURE(i % 2 == 0);
+    check_same_greedy(test::collect(*on_device[i]), test::collect(*on_host[i]));
+  }
 }

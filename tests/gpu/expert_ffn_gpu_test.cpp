@@ -3,20 +3,24 @@
 // are dynamic): one token and many (tiles of several rows per expert), unused route slots, a
 // shared expert of another width, gate and up in different formats, fused and separate SwiGLU,
 // rows too short for the vector path; prompts on tensor cores (bf16, fp8 and the block
-// formats; 16-row tiles, the shared expert merged or not); and the launches CUDA refuses (experts not at one stride,
-// LoRA). Tolerance, relative to each token's largest output: fp32 sums in another order and
+// formats; 16-row tiles, the shared expert merged or not); LoRA updates of two adapters and
+// none, token by token (more runs than one launch takes), on both paths; and the launch CUDA
+// refuses (experts not at one stride). Tolerance, relative to each token's largest output: fp32 sums in another order and
 // the device's expf in SwiGLU (H200: up to ~1e-4); with block-format rows, an activation a few
 // ulp off can move its 8-bit code by one step, which shifts the whole row (H200: ~1e-3).
 #include "gpu/gpu_main.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "qflash/kernels/expert_ffn/cpu.hpp"
+#include "qflash/kernels/expert_ffn/stacked.hpp"
 #include "qflash/kernels/linear/block_codes.hpp"
 #include "qflash/numeric/weight_encode.hpp"
 #include "support/expert_case.hpp"
@@ -78,6 +82,48 @@ class DeviceExperts {
   std::optional<ExpertWeights> shared_;
 };
 
+/// An adapter's expert updates on the device, laid out as upload_lora lays them: each routed
+/// projection's stacked at one rank (stack_low_rank), the shared expert's as they are.
+class DeviceLora {
+ public:
+  explicit DeviceLora(ExpertLora const& h) {
+    lists_[0] = stacked(h.gate), lists_[1] = stacked(h.up), lists_[2] = stacked(h.down);
+    lora_ = {lists_[0], lists_[1], lists_[2], single(h.shared_gate), single(h.shared_up), single(h.shared_down)};
+  }
+  DeviceLora(DeviceLora const&) = delete;
+  DeviceLora& operator=(DeviceLora const&) = delete;
+  ExpertLora const* get() const { return &lora_; }
+
+ private:
+  std::vector<LowRank> stacked(std::span<LowRank const> host) {
+    StackedLowRank const st = stack_low_rank(host);
+    if (st.rank == 0) return {};
+    float* const a = arrays_.emplace_back(st.a).get();
+    float* const b = arrays_.emplace_back(st.b).get();
+    std::vector<LowRank> dev;
+    for (std::size_t e = 0; e < host.size(); ++e) {
+      LowRank u = st.at(e);
+      u.a.data = a + static_cast<std::int64_t>(e) * st.rank * st.n_in;
+      u.b.data = b + static_cast<std::int64_t>(e) * st.n_out * st.rank;
+      dev.push_back(u);
+    }
+    return dev;
+  }
+  LowRank single(LowRank const& host) {
+    if (host.empty()) return {};
+    auto upload = [&](WeightView v) {
+      auto const* f = static_cast<float const*>(v.data);
+      v.data = arrays_.emplace_back(std::vector<float>(f, f + v.rows * v.cols)).get();
+      return v;
+    };
+    return {upload(host.a), upload(host.b)};
+  }
+
+  std::deque<DeviceArray<float>> arrays_;
+  std::array<std::vector<LowRank>, 3> lists_;
+  ExpertLora lora_;
+};
+
 struct Case {
   WeightFormat gate, up, down;  // the routed experts'
   std::int64_t d_model, d_ff, tokens;
@@ -85,6 +131,7 @@ struct Case {
   std::optional<WeightFormat> shared = std::nullopt;  // the shared expert's format, if any
   std::int64_t d_ff_shared = 0;
   bool fused = true;
+  bool lora = false;  // tokens take adapter 1, adapter 2 and none in turn
 };
 
 bool fits(WeightFormat f, std::int64_t d_model, std::int64_t d_ff) { return row_fits(f, d_model) && row_fits(f, d_ff); }
@@ -99,6 +146,7 @@ void check_case(Case const& c) {
   CAPTURE(c.tokens);
   CAPTURE(c.shared.has_value());
   CAPTURE(c.fused);
+  CAPTURE(c.lora);
   test::ExpertCase h;
   for (int e = 0; e < c.n_expert; ++e) {
     std::uint64_t const seed = 100 + 3 * static_cast<std::uint64_t>(e);
@@ -120,6 +168,27 @@ void check_case(Case const& c) {
   std::vector<float> cpu = out0;
   ExpertFfnArgs a = h.args(cpu.data());
   a.fused_swiglu = c.fused;
+  // LoRA: adapter 1 (rank 4) updates every routed projection and the shared expert's down;
+  // adapter 2 the routed up projections only, at ranks 2 and 1 (expert 1: none).
+  std::vector<LowRank> g1, u1, d1, u2;
+  ExpertLora l1, l2;
+  std::vector<ExpertLora const*> token_lora;
+  if (c.lora) {
+    auto low_rank = [&](std::int64_t r, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+      return LowRank{h.matrix(WeightFormat::kF32, r, cols, seed), h.matrix(WeightFormat::kF32, rows, r, seed + 1)};
+    };
+    for (int e = 0; e < c.n_expert; ++e) {
+      std::uint64_t const seed = 500 + 10 * static_cast<std::uint64_t>(e);
+      g1.push_back(low_rank(4, c.d_ff, c.d_model, seed));
+      u1.push_back(low_rank(4, c.d_ff, c.d_model, seed + 2));
+      d1.push_back(low_rank(4, c.d_model, c.d_ff, seed + 4));
+      u2.push_back(e == 1 ? LowRank{} : low_rank(e % 2 ? 1 : 2, c.d_ff, c.d_model, seed + 6));
+    }
+    l1 = {g1, u1, d1, {}, {}, c.shared ? low_rank(4, c.d_model, c.d_ff_shared, 590) : LowRank{}};
+    l2 = {{}, u2, {}, {}, {}, {}};
+    for (std::int64_t t = 0; t < c.tokens; ++t) token_lora.push_back(t % 3 == 0 ? &l1 : t % 3 == 1 ? &l2 : nullptr);
+    a.token_lora = token_lora.data();
+  }
   REQUIRE(launch_expert_ffn<S>(arch::Cpu{}, a) == Status::kSuccess);
 
   DeviceExperts dev(h);
@@ -129,6 +198,10 @@ void check_case(Case const& c) {
   a.shared = dev.shared();
   a.x = x.get(), a.routes = routes.get(), a.route_weights = weights.get(), a.out = out.get();
   a.shared_weights = c.shared ? shared_weights.get() : nullptr;
+  DeviceLora const dev_l1(l1), dev_l2(l2);
+  std::vector<ExpertLora const*> dev_token_lora;
+  for (ExpertLora const* l : token_lora) dev_token_lora.push_back(l == &l1 ? dev_l1.get() : l ? dev_l2.get() : nullptr);
+  a.token_lora = c.lora ? dev_token_lora.data() : nullptr;
   REQUIRE(launch_expert_ffn<S>(Tag{}, a, nullptr) == Status::kSuccess);
   QFLASH_TEST_CUDA(cudaDeviceSynchronize());
   bool const blocks = block_values(c.down) > 1 || (c.shared && block_values(*c.shared) > 1);
@@ -136,14 +209,11 @@ void check_case(Case const& c) {
                                                blocks ? kBlocks : kElements);
   CHECK_MESSAGE(r.ok, "GPU vs CPU twin: ", r.report);
 
-  // Experts not at one stride, and LoRA: refused before anything runs.
+  // Experts not at one stride: refused before anything runs.
   if (c.n_expert > 2 && c.tokens == 1) {
     std::swap(dev.experts()[1].up, dev.experts()[2].up);
     CHECK(launch_expert_ffn<S>(Tag{}, a, nullptr) == Status::kErrorNotSupported);
     std::swap(dev.experts()[1].up, dev.experts()[2].up);
-    ExpertLora const* no_adapter = nullptr;
-    a.token_lora = &no_adapter;
-    CHECK(launch_expert_ffn<S>(Tag{}, a, nullptr) == Status::kErrorNotSupported);
   }
 }
 
@@ -165,12 +235,20 @@ void check_instance() {
       check_case<S, Tag>(c);
       c.tokens = 19, c.fused = false;
       check_case<S, Tag>(c);
+      // LoRA on CUDA cores: a decode step (3 tokens) and 19 tokens in 13 runs.
+      for (std::int64_t tokens : {std::int64_t{3}, std::int64_t{19}}) {
+        Case l = c;
+        l.tokens = tokens, l.fused = true, l.lora = true;
+        check_case<S, Tag>(l);
+      }
       if (f == WeightFormat::kBf16 || f == WeightFormat::kFp8E4m3 || linear_cuda::reads_codes(f)) {
-        // Tensor cores: the shared expert in its own launches, then merged.
+        // Tensor cores: the shared expert in its own launches, then merged; each with LoRA too.
         c.tokens = 40, c.fused = true;
-        check_case<S, Tag>(c);
-        c.d_ff_shared = d_ff;
-        check_case<S, Tag>(c);
+        for (std::int64_t d_ff_shared_case : {d_ff_shared, d_ff})
+          for (bool lora : {false, true}) {
+            c.d_ff_shared = d_ff_shared_case, c.lora = lora;
+            check_case<S, Tag>(c);
+          }
       }
     }
   }

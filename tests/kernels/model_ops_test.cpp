@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -937,6 +938,52 @@ TEST_CASE("expert_ffn: LoRA updates per token (two adapters and none), routed an
     token_lora[0] = &bad;
     CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
   }
+}
+
+TEST_CASE("expert_ffn: LoRA updates stacked at one rank, as CUDA reads them, keep their values") {
+  int const n_expert = 4, k = 2, d_model = 64, d_ff = 32;
+  test::ExpertCase c;
+  c.add_experts(n_expert, WeightFormat::kBf16, WeightFormat::kBf16, d_model, d_ff, 10);
+  // Ranks 4, 2, none and 3: stacked at rank 4, zero rows and columns pad the others.
+  std::vector<LowRank> gate, down;
+  for (int e = 0; e < n_expert; ++e) {
+    int const r = std::array{4, 2, 0, 3}[static_cast<std::size_t>(e)];
+    auto const seed = 200 + 10 * static_cast<std::uint64_t>(e);
+    gate.push_back(r ? LowRank{c.matrix(WeightFormat::kF32, r, d_model, seed), c.matrix(WeightFormat::kF32, d_ff, r, seed + 1)}
+                     : LowRank{});
+    down.push_back(r ? LowRank{c.matrix(WeightFormat::kF32, r, d_ff, seed + 2), c.matrix(WeightFormat::kF32, d_model, r, seed + 3)}
+                     : LowRank{});
+  }
+  StackedLowRank const sg = stack_low_rank(gate), sd = stack_low_rank(down);
+  REQUIRE(sg.rank == 4);
+  CHECK(sd.n_in == d_ff);
+  CHECK(sd.n_out == d_model);
+  CHECK(stack_low_rank(std::vector<LowRank>(3)).rank == 0);
+  std::vector<LowRank> stacked_gate, stacked_down;
+  for (std::size_t e = 0; e < gate.size(); ++e) stacked_gate.push_back(sg.at(e)), stacked_down.push_back(sd.at(e));
+  for (auto m : {&LowRank::a, &LowRank::b}) {  // one strided set each, where the ragged updates are none
+    std::optional<StackedView> const s = stack(stacked_gate, m);
+    REQUIRE(s.has_value());
+    CHECK(s->at(3).data == (stacked_gate[3].*m).data);
+    CHECK_FALSE(stack(gate, m).has_value());
+  }
+  c.set_tokens(9, d_model, k, 7);
+  for (int t = 0; t < 9; ++t)
+    for (int j = 0; j < k; ++j) {
+      c.routes.push_back((t + 3 * j) % n_expert);
+      c.route_weights.push_back(0.5f);
+    }
+  ExpertLora const ragged{gate, {}, down, {}, {}, {}}, even{stacked_gate, {}, stacked_down, {}, {}, {}};
+  std::vector<float> want(9 * d_model, 0.0f), got(want);
+  std::vector<ExpertLora const*> token_lora(9, &ragged);
+  ExpertFfnArgs a = c.args(want.data());
+  a.token_lora = token_lora.data();
+  REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+  std::fill(token_lora.begin(), token_lora.end(), &even);
+  a.out = got.data();
+  REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+  auto const r = all_close<float, float>(got, want, Tolerance{1e-6, 1e-6});  // sums of more terms, the extra ones 0
+  CHECK_MESSAGE(r.ok, r.report);
 }
 
 TEST_CASE("expert_ffn: experts sliced from stacked tensors are one strided set; others are not") {

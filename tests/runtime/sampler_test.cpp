@@ -229,7 +229,7 @@ Candidates candidates_of(std::vector<float> const& logits, std::vector<std::int3
 
 TEST_CASE("sampling from candidates draws what the whole row draws, or leaves the generator untouched") {
   std::mt19937_64 rng(5);
-  int decided = 0, total = 0, must = 0;
+  int decided = 0, total = 0, must = 0, penalised_nuclei = 0, decided_penalised_nuclei = 0;
   for (int trial = 0; trial < 1500; ++trial) {
     int const vocab = std::array{3, 40, 64, 65, 300, 2000}[trial % 6];
     // Peaked rows (a trained model's) and flat ones; values on a grid, so ties occur.
@@ -271,16 +271,24 @@ TEST_CASE("sampling from candidates draws what the whole row draws, or leaves th
     for (std::size_t i = 0; i < full.size(); ++i) full[i] -= off[i];
     Candidates const c = candidates_of(raw, excluded, 64, p.temperature);
     std::vector<float> lowered;
-    if (engine_penalties)
+    std::size_t lowered_outside = 0;  // as the engine counts them: once per generated token
+    if (engine_penalties) {
       for (std::int32_t id : c.ids) lowered.push_back(id >= 0 ? off[static_cast<std::size_t>(id)] : 0.0f);
+      for (int j = 10; j < 30; ++j)
+        lowered_outside += std::find(c.ids.begin(), c.ids.end(), history[static_cast<std::size_t>(j)]) == c.ids.end();
+    }
     Sampler whole(p), from_candidates(p);
     bool const plain = p.repetition_penalty == 1.0f && !engine_penalties;
     for (int draw = 0; draw < 4; ++draw) {
       std::int32_t const want = whole.sample(full, history);
-      std::optional<std::int32_t> const got = from_candidates.sample(c.row(vocab), history, lowered);
+      std::optional<std::int32_t> const got =
+          from_candidates.sample(c.row(vocab), history, {lowered, lowered_outside});
       ++total;
+      bool const penalised_nucleus = !plain && p.temperature > 0.0f && p.top_k == 0 && p.top_p < 1.0f;
+      penalised_nuclei += penalised_nucleus;
       if (got) {
         ++decided;
+        decided_penalised_nuclei += penalised_nucleus;
         CHECK(*got == want);
       } else {
         CHECK(from_candidates.sample(full, history) == want);  // as the engine falls back
@@ -292,8 +300,10 @@ TEST_CASE("sampling from candidates draws what the whole row draws, or leaves th
       }
     }
   }
-  MESSAGE("decided from candidates: ", decided, " of ", total, " draws (", must, " had to be)");
+  MESSAGE("decided from candidates: ", decided, " of ", total, " draws (", must, " had to be); top-p without top-k "
+          "under penalties: ", decided_penalised_nuclei, " of ", penalised_nuclei);
   CHECK(decided > total / 2);
+  CHECK(decided_penalised_nuclei > penalised_nuclei / 4);
 }
 
 TEST_CASE("sampling from candidates: negative penalties or a repetition penalty below 1 read the whole row") {
@@ -308,5 +318,59 @@ TEST_CASE("sampling from candidates: negative penalties or a repetition penalty 
   p.repetition_penalty = 1.0f;
   std::vector<float> raised(64, 0.0f);
   raised[3] = -1.0f;
-  CHECK_FALSE(Sampler(p).sample(c.row(200), history, raised).has_value());
+  CHECK_FALSE(Sampler(p).sample(c.row(200), history, {raised, 0}).has_value());
+}
+
+TEST_CASE("sampling from candidates: top-p under penalties on tokens outside them decides only when it can") {
+  // 64 candidates 3.0, 2.98, ...; 1936 tokens outside at 1.7 hold most of the mass, so the nucleus
+  // of top_p 0.05 ends among the candidates, where the penalties outside place it.
+  int const vocab = 2000;
+  std::vector<float> raw(vocab, 1.7f);
+  for (int i = 0; i < 64; ++i) raw[static_cast<std::size_t>(i)] = 3.0f - 0.02f * static_cast<float>(i);
+  Candidates const c = candidates_of(raw, {}, 64, 1.0f);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.05f;
+  p.seed = 3;
+  for (int n_outside : {3, 1500}) {
+    CAPTURE(n_outside);
+    std::vector<std::int32_t> history;  // tokens outside the candidates, and one candidate
+    for (int j = 0; j < n_outside; ++j) history.push_back(100 + j);
+    history.push_back(10);
+    SUBCASE("the repetition penalty") {
+      p.repetition_penalty = 1.3f;
+      Sampler whole(p), from_candidates(p);
+      int decided = 0;
+      for (int draw = 0; draw < 200; ++draw) {
+        std::int32_t const want = whole.sample(raw, history);
+        std::optional<std::int32_t> const got = from_candidates.sample(c.row(vocab), history);
+        if (got) {
+          ++decided;
+          CHECK(*got == want);
+        } else {
+          CHECK(from_candidates.sample(raw, history) == want);
+        }
+      }
+      CHECK(decided == (n_outside == 3 ? 200 : 0));  // 1500 leave the mass too uncertain
+    }
+    SUBCASE("a caller's own penalties (the engine's frequency penalty)") {
+      std::vector<float> full = raw, lowered(64, 0.0f);
+      for (std::int32_t id : history) full[static_cast<std::size_t>(id)] -= 0.4f;
+      lowered[10] = 0.4f;
+      Sampler whole(p), from_candidates(p);
+      int decided = 0;
+      for (int draw = 0; draw < 200; ++draw) {
+        std::int32_t const want = whole.sample(full);
+        std::optional<std::int32_t> const got =
+            from_candidates.sample(c.row(vocab), {}, {lowered, static_cast<std::size_t>(n_outside)});
+        if (got) {
+          ++decided;
+          CHECK(*got == want);
+        } else {
+          CHECK(from_candidates.sample(full) == want);
+        }
+      }
+      CHECK(decided == (n_outside == 3 ? 200 : 0));
+    }
+  }
 }

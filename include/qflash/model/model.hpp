@@ -174,8 +174,6 @@ class Model {
     if constexpr (Arch::is_cuda) {
       QFLASH_CHECK(a.device >= 0, "LoRA adapter '", a.name, "' is in host memory; a ", Arch::name,
                    " model reads adapters uploaded to its device (runtime/cuda/lora.hpp: upload_lora)");
-      QFLASH_CHECK(!a.touches_experts(), "LoRA adapter '", a.name, "' updates the experts, which run no adapter on a ",
-                   Arch::name, " device yet: merge it into the weights (runtime::merge_lora, --lora-merge)");
     } else {
       QFLASH_CHECK(a.device < 0, "LoRA adapter '", a.name, "' is on CUDA device ", a.device,
                    "; this model runs on the CPU");

@@ -772,7 +772,7 @@ class BatchEngine final : public Engine {
   static bool may_decide_from_candidates(Sequence const& s) {
     GenerationRequest const& p = s.req->params;
     if (p.frequency_penalty < 0 || p.presence_penalty < 0) return false;  // raise tokens outside
-    return s.sampler->may_decide_from_candidates(p.frequency_penalty != 0 || p.presence_penalty != 0);
+    return s.sampler->may_decide_from_candidates();
   }
 
   /// d's token and log-probabilities from its row's candidates, where they decide them; else
@@ -783,7 +783,7 @@ class BatchEngine final : public Engine {
     CandidateRow const row{candidates_.ids_of(d.row), candidates_.values_of(d.row),
                            candidates_.stats[static_cast<std::size_t>(d.row)], cfg_->vocab};
     if (!may_decide_from_candidates(s)) return;
-    std::span<float const> lowered;
+    Lowered lowered;
     if (p.frequency_penalty != 0 || p.presence_penalty != 0) {
       // Each candidate's count in the generated tokens: one pass, candidates found by id.
       std::vector<std::int32_t>& by_id = sc.order;
@@ -799,11 +799,13 @@ class BatchEngine final : public Engine {
         });
         if (at != by_id.end() && row.ids[static_cast<std::size_t>(*at)] == s.tokens[t])
           ++sc.counts[static_cast<std::size_t>(*at)];
+        else
+          ++lowered.outside;  // once per occurrence: an upper bound on the tokens
       }
       sc.lowered.assign(row.ids.size(), 0.0f);
       for (std::size_t i = 0; i < row.ids.size(); ++i)
         if (sc.counts[i] > 0) sc.lowered[i] = p.frequency_penalty * static_cast<float>(sc.counts[i]) + p.presence_penalty;
-      lowered = sc.lowered;
+      lowered.candidates = sc.lowered;
     }
     std::optional<TokenLogprob> lp;
     if (p.top_logprobs >= 0 && !(lp = candidate_logprobs(row, p.top_logprobs, sc))) return;

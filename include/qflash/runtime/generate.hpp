@@ -131,7 +131,7 @@ GenerateResult generate(Model& model, io::Tokenizer const& tok, std::span<std::i
       untokenizable.push_back(id);
   // Each step brings back the logits' best tokens where they may decide the draw; one they do
   // not decide reads the row.
-  bool const use_candidates = sampler.may_decide_from_candidates(false);
+  bool const use_candidates = sampler.may_decide_from_candidates();
   float const temperature = opt.sampling.temperature;
   model::CandidateRequest const want{kSamplingCandidates, std::span(&temperature, 1), untokenizable};
   model::LogitCandidates candidates;

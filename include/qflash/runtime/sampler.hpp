@@ -61,6 +61,12 @@ struct CandidateRow {
   std::int64_t vocab = 0;
 };
 
+/// What a caller took off a row's logits before sampling (penalties of its own, each >= 0).
+struct Lowered {
+  std::span<float const> candidates;  ///< off each candidate's logit; empty: the caller lowers none
+  std::size_t outside = 0;            ///< how many tokens that are not candidates it lowered (at most)
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams const& p) : p_(p), rng_(p.seed) { validate(p); }
@@ -77,23 +83,22 @@ class Sampler {
     return candidates_[pick(rng_)].id;
   }
 
-  /// Whether sample(CandidateRow) can ever decide with these parameters (a caller that lowers
-  /// logits itself says so): not where every token stays in the draw (no top-k, top-p or
-  /// min-p), a penalty may raise a logit, or top-p needs a penalised row's whole mass.
-  [[nodiscard]] bool may_decide_from_candidates(bool caller_lowers) const {
+  /// Whether sample(CandidateRow) can ever decide with these parameters: not where every token
+  /// stays in the draw (no top-k, top-p or min-p), or a penalty may raise a logit.
+  [[nodiscard]] bool may_decide_from_candidates() const {
     if (p_.repetition_penalty < 1.0f) return false;
-    bool const penalised = caller_lowers || p_.repetition_penalty != 1.0f;
-    bool const top_k = p_.top_k > 0, top_p = p_.top_p < 1.0f;
-    return p_.temperature == 0.0f || top_k || (top_p && !penalised) || (!top_p && p_.min_p > 0.0f);
+    return p_.temperature == 0.0f || p_.top_k > 0 || p_.top_p < 1.0f || p_.min_p > 0.0f;
   }
 
   /// sample(row's logits, history) from the row's candidates alone, when they decide it; else
-  /// nullopt, with the generator untouched. `lowered` holds what the caller already took off
-  /// each candidate's logit (penalties of its own, >= 0; empty: none); a caller that lowers any
-  /// token passes it, even all zeros. The choice is decided when every token it depends on is
-  /// a candidate: the draw's tokens, and every token ranked above them.
+  /// nullopt, with the generator untouched. `caller` holds what the caller already took off the
+  /// logits; one that lowers any token passes it, its candidates' part even all zeros. The
+  /// choice is decided when every token it depends on is a candidate (the draw's tokens, and
+  /// every token ranked above them) and, for top-p without top-k, the row's penalised mass is
+  /// known closely enough to place the nucleus' end.
   std::optional<std::int32_t> sample(CandidateRow const& row, std::span<std::int32_t const> history = {},
-                                     std::span<float const> lowered = {}) {
+                                     Lowered const& caller = {}) {
+    std::span<float const> const lowered = caller.candidates;
     std::size_t const n_cand = std::min(row.ids.size(), static_cast<std::size_t>(row.vocab));
     bool const outside = static_cast<std::size_t>(row.vocab) > n_cand;  // tokens that are not candidates
     if (n_cand == 0) return std::nullopt;
@@ -128,6 +133,19 @@ class Sampler {
     }
     changed_.resize(n_cand);
     for (std::size_t i = 0; i < n_cand; ++i) changed_[i] = candidates_[i].logit != row.logits[i];
+    // Top-p under penalties (without top-k, it needs the row's mass): what they take off the
+    // row's mass (at the temperature, relative to the row's max), exactly for the candidates,
+    // and at most the weight of `bound` for each penalised token outside them.
+    double taken = 0, taken_outside = 0;
+    if (penalised && p_.temperature > 0.0f && p_.top_p < 1.0f) {
+      double const t = p_.temperature, m = row.stats.max;
+      for (std::size_t i = 0; i < n_cand; ++i)
+        if (changed_[i])
+          taken += std::exp((static_cast<double>(row.logits[i]) - m) / t) -
+                   std::exp((static_cast<double>(candidates_[i].logit) - m) / t);
+      std::size_t const n_outside = caller.outside + (repeat ? history_outside(row.ids.first(n_cand), history) : 0);
+      if (outside) taken_outside = static_cast<double>(n_outside) * std::exp((static_cast<double>(bound) - m) / t);
+    }
     if (penalised) {
       order_.resize(n_cand);
       for (std::size_t i = 0; i < n_cand; ++i) order_[i] = i;
@@ -163,20 +181,35 @@ class Sampler {
     // top-p over the ranked tokens, as filter() walks them.
     std::size_t cut = keep;
     if (p_.top_p < 1.0f) {
-      double sum = 0;
+      // The whole row's sum of weights (relative to mx), which sets the nucleus' end: within
+      // [sum_lo, sum_hi] where penalties leave it uncertain.
+      double sum_lo = 0, sum_hi = 0;
       if (top_k) {
-        for (std::size_t i = 0; i < keep; ++i) sum += candidates_[i].weight;
+        for (std::size_t i = 0; i < keep; ++i) sum_hi += candidates_[i].weight;
+        sum_lo = sum_hi;
+      } else if (!penalised) {
+        sum_lo = sum_hi = row.stats.mass;
       } else {
-        if (penalised) return std::nullopt;  // the row's sum holds no penalty
-        sum = row.stats.mass;
+        // Rescaled from the row's max to mx; widened for the float rounding of the weights'
+        // arguments (l - max) / t, which moves a weight by up to |its argument| * 2^-24 and so
+        // a row's sum by under 1e-6 of its mass (the mass-weighted mean argument stays below
+        // ln(vocab)); the toll's cancellation does not shrink it.
+        double const scale = std::exp((static_cast<double>(row.stats.max) - mx) / p_.temperature);
+        double const slack = 4e-6 * row.stats.mass;
+        sum_hi = (row.stats.mass - taken + slack) * scale;
+        sum_lo = (row.stats.mass - taken - taken_outside - slack) * scale;
       }
-      double const target = static_cast<double>(p_.top_p) * sum;
-      double mass = 0;
+      double const target_lo = static_cast<double>(p_.top_p) * sum_lo, target_hi = static_cast<double>(p_.top_p) * sum_hi;
+      // The end for the highest target; the same for every target down to target_lo when the
+      // mass before the last token stays below it.
+      double mass = 0, before = 0;
       std::size_t i = 0;
-      for (; i < keep && mass < target; ++i) {
+      for (; i < keep && mass < target_hi; ++i) {
         if (i >= n_cand || !above_outside(i)) return std::nullopt;
+        before = mass;
         mass += candidates_[i].weight;
       }
+      if (i > 0 && !(before < target_lo)) return std::nullopt;
       cut = i;
     }
     // The drawn tokens, in filter()'s order: ranked where top-k or top-p ranked them, else by id.
@@ -300,6 +333,18 @@ class Sampler {
     return cut;
   }
 
+  /// How many distinct tokens of `history` are not among `ids` (ids outside the vocabulary
+  /// count too: an upper bound serves).
+  std::size_t history_outside(std::span<std::int32_t const> ids, std::span<std::int32_t const> history) {
+    sorted_ids_.assign(ids.begin(), ids.end());
+    std::sort(sorted_ids_.begin(), sorted_ids_.end());
+    outside_.clear();
+    for (std::int32_t t : history)
+      if (!std::binary_search(sorted_ids_.begin(), sorted_ids_.end(), t)) outside_.push_back(t);
+    std::sort(outside_.begin(), outside_.end());
+    return static_cast<std::size_t>(std::unique(outside_.begin(), outside_.end()) - outside_.begin());
+  }
+
   /// The biased binary exponent of a weight in [0, 1] (0 for 0 and subnormals).
   static int exponent_of(float w) { return static_cast<int>(std::bit_cast<std::uint32_t>(w) >> 23); }
 
@@ -313,7 +358,7 @@ class Sampler {
   std::vector<bool> changed_, ranked_changed_;
   std::vector<std::size_t> order_;
   std::vector<Candidate> ranked_;
-  std::vector<std::int32_t> picked_;
+  std::vector<std::int32_t> picked_, sorted_ids_, outside_;
 };
 
 }  // namespace qflash::runtime

@@ -19,8 +19,11 @@
 /// parts), block formats on linear/mma_blocks.cuh's (the inputs quantized to codes).
 /// Each row's sums do not depend on which rows share its tile, so results are deterministic
 /// though the rows within an expert come in the order atomics give them.
-/// Routed experts are read as a StackedView (stacked.hpp): others are kErrorNotSupported, as
-/// are LoRA updates. Slots with an expert id out of range make no row (the router never
+/// Tokens with LoRA updates (token_lora) take the same passes with gate and up unfused, each
+/// into its own rows; beside each projection, u = A x and then y += B u for the pair rows whose
+/// token has an update (lora_a_kernel, lora_b_kernel); SwiGLU then runs on its own.
+/// Routed experts, and their updates, are read as StackedViews (stacked.hpp): others are
+/// kErrorNotSupported. Slots with an expert id out of range make no row (the router never
 /// writes one).
 #pragma once
 
@@ -33,6 +36,8 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
@@ -56,6 +61,9 @@ struct Tile {
   int n;
 };
 
+/// row_expert's mark for a pair row no slot took.
+inline constexpr int kNoRow = -2;
+
 /// Rows per tile of the tensor-core passes (one m-tile of linear/mma.cuh).
 inline constexpr int kMmaTileRows = linear_cuda::mma::Tile<1>::kBlockM;
 
@@ -70,17 +78,21 @@ __device__ __forceinline__ Tile tile_at(Tile const* tiles, int dense_rows, int t
 
 /// Step 1. Rows [0, shared_rows) are the shared expert's (row t: token t); routed rows start
 /// at shared_rows, grouped by expert in id order, in tiles of at most tile_rows.
-/// slot_row[s]: slot s's row, or -1. Each thread owns a run of experts; block-wide prefix sums
-/// place their rows and tiles. With shared_tiles, the shared rows' tiles (expert -1) come
-/// first in the list.
+/// slot_row[s]: slot s's row, or -1; row_expert (when given): each row's expert, -1 for the
+/// shared expert's, kNoRow for rows no slot took. Each thread owns a run of experts;
+/// block-wide prefix sums place their rows and tiles. With shared_tiles, the shared rows'
+/// tiles (expert -1) come first in the list.
 template <class Arch>
 __global__ void __launch_bounds__(kGroupThreads)
     group_kernel(std::int32_t const* routes, int n_slots, int n_expert_used, int n_expert, int shared_rows,
-                 bool shared_tiles, int tile_rows, Tile* tiles, int* tile_count, int* row_token, int* slot_row) {
+                 bool shared_tiles, int tile_rows, Tile* tiles, int* tile_count, int* row_token, int* slot_row,
+                 int* row_expert) {
   using Scan = cub::BlockScan<int, kGroupThreads>;
   __shared__ typename Scan::TempStorage scan;
   extern __shared__ int cursor[];  // [n_expert]: counts, then each expert's next row
   for (int e = threadIdx.x; e < n_expert; e += blockDim.x) cursor[e] = 0;
+  if (row_expert)
+    for (int r = threadIdx.x; r < shared_rows + n_slots; r += blockDim.x) row_expert[r] = r < shared_rows ? -1 : kNoRow;
   __syncthreads();
   for (int s = threadIdx.x; s < n_slots; s += blockDim.x)
     if (std::int32_t const e = routes[s]; e >= 0 && e < n_expert) atomicAdd(&cursor[e], 1);
@@ -116,6 +128,7 @@ __global__ void __launch_bounds__(kGroupThreads)
     if (e >= 0 && e < n_expert) {
       row = atomicAdd(&cursor[e], 1);
       row_token[row] = s / n_expert_used;
+      if (row_expert) row_expert[row] = e;
     }
     slot_row[s] = row;
   }
@@ -307,6 +320,99 @@ Status project_mma(MmaParams const& p, std::int64_t max_tiles, cudaStream_t stre
   });
 }
 
+/// LoRA updates of one projection, for at most kLoraRuns runs of tokens that share an adapter:
+/// the runs travel as kernel arguments, so the launches read no table in device memory (and
+/// record into a CUDA graph as they are).
+inline constexpr int kLoraRuns = 8;
+
+struct LoraRun {
+  int token0, token1;             ///< the tokens [token0, token1)
+  StackedView a, b;               ///< the routed experts' A [rank, n_in] and B [n_out, rank]; no data: none
+  WeightView shared_a, shared_b;  ///< the shared expert's; no data: none
+};
+
+struct LoraParams {
+  LoraRun runs[kLoraRuns];
+  int n_runs;
+  int n_rows;             ///< pair rows
+  int const* row_token;   ///< [n_rows]
+  int const* row_expert;  ///< [n_rows] (group_kernel's)
+  float const* x;         ///< the projection's input: row row_token[r] (by_token) or r, rows xs apart
+  std::int64_t xs;
+  bool by_token;
+  float* u;  ///< [n_rows, rank]: A x
+  int rank;  ///< the largest rank of the runs' updates
+  float* y;  ///< [n_rows, ys], added to
+  std::int64_t ys;
+  std::int64_t n_out;  ///< y's columns the launch covers (each row's B covers its own)
+};
+
+/// Pair row r's update in p: A and B, or no data when its token has none for its expert.
+__device__ __forceinline__ LowRank lora_of(LoraParams const& p, int r) {
+  int const e = p.row_expert[r];
+  if (e == kNoRow) return {};
+  int const t = p.row_token[r];
+#pragma unroll
+  for (int i = 0; i < kLoraRuns; ++i) {  // unrolled: the runs stay in the parameter space
+    LoraRun const& run = p.runs[i];
+    if (i >= p.n_runs || t < run.token0 || t >= run.token1) continue;
+    if (e < 0) return {run.shared_a, run.shared_b};
+    if (!run.a.first.data) return {};
+    return {run.a.at(e), run.b.at(e)};
+  }
+  return {};
+}
+
+/// u[r, j] = A_j . x_r: a warp per pair row and rank index.
+template <class Arch>
+__global__ void __launch_bounds__(kThreads) lora_a_kernel(LoraParams const p) {
+  int const lane = static_cast<int>(threadIdx.x % 32);
+  std::int64_t const n = static_cast<std::int64_t>(p.n_rows) * p.rank;
+  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < n;
+       w += static_cast<std::int64_t>(gridDim.x) * kWarps) {
+    int const r = static_cast<int>(w / p.rank), j = static_cast<int>(w % p.rank);
+    LowRank const d = lora_of(p, r);
+    if (!d.a.data || j >= d.a.rows) continue;  // the whole warp
+    float const* a = static_cast<float const*>(d.a.data) + j * d.a.cols;
+    float const* x = p.x + (p.by_token ? p.row_token[r] : r) * p.xs;
+    float s = 0;
+    for (std::int64_t i = lane; i < d.a.cols; i += 32) s += a[i] * x[i];
+    s = cuda::warp_sum(s);
+    if (lane == 0) p.u[static_cast<std::int64_t>(r) * p.rank + j] = s;
+  }
+}
+
+/// y[r, o] += B_o . u_r: a thread per output value.
+template <class Arch>
+__global__ void __launch_bounds__(kThreads) lora_b_kernel(LoraParams const p) {
+  std::int64_t const n = p.n_rows * p.n_out;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * kThreads) {
+    int const r = static_cast<int>(i / p.n_out);
+    std::int64_t const o = i % p.n_out;
+    LowRank const d = lora_of(p, r);
+    if (!d.b.data || o >= d.b.rows) continue;
+    float const* b = static_cast<float const*>(d.b.data) + o * d.b.cols;
+    float const* u = p.u + static_cast<std::int64_t>(r) * p.rank;
+    float s = 0;
+    for (std::int64_t j = 0; j < d.b.cols; ++j) s += b[j] * u[j];
+    p.y[r * p.ys + o] += s;
+  }
+}
+
+/// g = silu(g) * u, elementwise: SwiGLU when gate and up ran apart.
+template <class Arch>
+__global__ void __launch_bounds__(kThreads) swiglu_kernel(float* g, float const* u, std::int64_t n) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * kThreads)
+    g[i] = cuda::silu(g[i]) * u[i];
+}
+
+/// Blocks of kThreads for n work items, at most 65536.
+inline unsigned blocks_for(std::int64_t n) {
+  return static_cast<unsigned>(std::clamp<std::int64_t>((n + kThreads - 1) / kThreads, 1, 1 << 16));
+}
+
 /// Step 5: one thread per output value.
 template <class Arch>
 __global__ void __launch_bounds__(kThreads)
@@ -379,7 +485,6 @@ Status project(Pass pass, ProjectParams const& p, std::int64_t max_tiles, cudaSt
 /// The body of `launch_expert_ffn<S>(Arch, args, stream)` for a CUDA arch tag.
 template <class Arch, MoeSpec S>
 Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
-  if (a.token_lora) return Status::kErrorNotSupported;  // LoRA on CUDA: not yet
   if (Status s = can_implement_expert_ffn<S>(a); s != Status::kSuccess) return s;
   if (a.n_tokens == 0) return Status::kSuccess;
   auto const stream = static_cast<cudaStream_t>(stream_arg);
@@ -409,6 +514,27 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   if (rows > INT32_MAX || n_expert * static_cast<std::int64_t>(sizeof(int)) > 48 * 1024)
     return Status::kErrorNotSupported;
   std::int64_t const d_model = routed.gate.first.cols;
+  // The runs of tokens that share an adapter, and the largest rank of their updates.
+  struct AdapterRun {
+    int token0, token1;
+    ExpertLora const* lora;
+  };
+  std::vector<AdapterRun> adapter_runs;
+  std::int64_t lora_rank = 0;
+  for (std::int64_t t = 0; a.token_lora && t < a.n_tokens; ++t) {
+    ExpertLora const* l = a.token_lora[t];
+    if (!l) continue;
+    if (!adapter_runs.empty() && adapter_runs.back().lora == l && adapter_runs.back().token1 == t) {
+      ++adapter_runs.back().token1;
+      continue;
+    }
+    adapter_runs.push_back({static_cast<int>(t), static_cast<int>(t) + 1, l});
+    for (auto const* list : {&l->gate, &l->up, &l->down})
+      if (!list->empty()) lora_rank = std::max(lora_rank, (*list)[0].rank());  // one rank: stacked
+    for (LowRank const* u : {&l->shared_gate, &l->shared_up, &l->shared_down})
+      if (!u->empty()) lora_rank = std::max(lora_rank, u->rank());
+  }
+  bool const lora = !adapter_runs.empty();
   // Rows of SwiGLU outputs d_ff_max apart, a multiple of 4 floats: the block formats' lanes
   // read their rounded activations in aligned runs.
   std::int64_t const d_ff_max = (std::max(routed.gate.first.rows, shared ? shared->gate.first.rows : 0) + 3) / 4 * 4;
@@ -457,6 +583,10 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   std::size_t const tiles_at = ws.reserve<Tile>(max_tiles + (merged ? shared_tiles : 0)), tile_count_at = ws.reserve<int>(1),
                     row_token_at = ws.reserve<int>(rows), slot_row_at = ws.reserve<int>(n_slots),
                     act_at = ws.reserve<float>(rows * d_ff_max), y_at = ws.reserve<float>(rows * d_model);
+  // LoRA: up's outputs apart from gate's, each row's expert, A x.
+  std::size_t const act_up_at = lora ? ws.reserve<float>(rows * d_ff_max) : 0,
+                    row_expert_at = lora ? ws.reserve<int>(rows) : 0,
+                    lora_u_at = lora ? ws.reserve<float>(rows * lora_rank) : 0;
   constexpr int kRoundings = 3;
   bool x_rounded[kRoundings] = {}, act_rounded[kRoundings] = {};  // the GEMV passes' codes
   for (Set const* set : sets)
@@ -487,6 +617,8 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   auto* const slot_row = ws.at<int>(slot_row_at);
   auto* const act = ws.at<float>(act_at);
   auto* const y = ws.at<float>(y_at);
+  float* const act_up = lora ? ws.at<float>(act_up_at) : nullptr;
+  int* const row_expert = lora ? ws.at<int>(row_expert_at) : nullptr;
   // Rows of cols values as codes for rounding r, in the piece at[r].
   auto codes_in = [&](std::size_t const (&at)[kRoundings], Rounding r, std::int64_t n_rows, std::int64_t cols) {
     return Codes8::in(ws.at<std::byte>(at[static_cast<int>(r)]), n_rows, padded_cols(cols));
@@ -500,14 +632,58 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
 
   // 5. Combine.
   auto combine = [&]() -> Status {
-    std::int64_t const values = a.n_tokens * d_model;
-    auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((values + kThreads - 1) / kThreads, 1 << 16));
-    combine_kernel<Arch><<<blocks, kThreads, 0, stream>>>(a.out, y, d_model, a.n_tokens, slot_row, a.route_weights,
-                                                          a.n_expert_used, shared ? a.shared_weights : nullptr);
+    combine_kernel<Arch><<<blocks_for(a.n_tokens * d_model), kThreads, 0, stream>>>(
+        a.out, y, d_model, a.n_tokens, slot_row, a.route_weights, a.n_expert_used, shared ? a.shared_weights : nullptr);
     return cuda::last_launch_status();
   };
-  // Steps 2 to 4 on tensor cores, per group: the tokens prepared for gate and up's format,
-  // gate and up with SwiGLU, the SwiGLU outputs prepared for down's, down.
+  // LoRA: out (n_out columns, ys apart) += B (A x) of projection `which` for every pair row whose
+  // token has an update; x's rows are the tokens' (by_token) or the pair rows'.
+  enum class Proj { kGate, kUp, kDown };
+  auto add_lora = [&](Proj which, float const* x, std::int64_t xs, bool by_token, float* out, std::int64_t ys,
+                      std::int64_t n_out) -> Status {
+    for (std::size_t c0 = 0; c0 < adapter_runs.size(); c0 += kLoraRuns) {
+      LoraParams p{};
+      p.n_rows = static_cast<int>(rows);
+      p.row_token = row_token, p.row_expert = row_expert;
+      p.x = x, p.xs = xs, p.by_token = by_token;
+      p.u = ws.at<float>(lora_u_at), p.rank = static_cast<int>(lora_rank);
+      p.y = out, p.ys = ys, p.n_out = n_out;
+      bool any = false;
+      for (std::size_t i = c0; i < std::min(adapter_runs.size(), c0 + kLoraRuns); ++i) {
+        ExpertLora const& l = *adapter_runs[i].lora;
+        auto const& [routed, shared_update] =
+            which == Proj::kGate ? std::pair(l.gate, &l.shared_gate)
+                                 : which == Proj::kUp ? std::pair(l.up, &l.shared_up) : std::pair(l.down, &l.shared_down);
+        LoraRun& run = p.runs[p.n_runs++];
+        run.token0 = adapter_runs[i].token0, run.token1 = adapter_runs[i].token1;
+        if (!routed.empty()) {
+          std::optional<StackedView> const sa = stack(routed, &LowRank::a), sb = stack(routed, &LowRank::b);
+          if (!sa || !sb) return Status::kErrorNotSupported;  // upload_lora stacks them
+          run.a = *sa, run.b = *sb;
+        }
+        run.shared_a = shared_update->a, run.shared_b = shared_update->b;
+        any = any || !routed.empty() || !shared_update->empty();
+      }
+      if (!any) continue;
+      lora_a_kernel<Arch><<<blocks_for(rows * lora_rank * 32), kThreads, 0, stream>>>(p);
+      if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+      lora_b_kernel<Arch><<<blocks_for(rows * n_out), kThreads, 0, stream>>>(p);
+      if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+    }
+    return Status::kSuccess;
+  };
+  // LoRA: gate's and up's updates, then SwiGLU, once gate and up have run for every group.
+  auto lora_swiglu = [&]() -> Status {
+    if (Status st = add_lora(Proj::kGate, a.x, d_model, true, act, d_ff_max, d_ff_max); st != Status::kSuccess)
+      return st;
+    if (Status st = add_lora(Proj::kUp, a.x, d_model, true, act_up, d_ff_max, d_ff_max); st != Status::kSuccess)
+      return st;
+    swiglu_kernel<Arch><<<blocks_for(rows * d_ff_max), kThreads, 0, stream>>>(act, act_up, rows * d_ff_max);
+    return cuda::last_launch_status();
+  };
+  // Steps 2 to 4 on tensor cores: per group the tokens prepared for gate and up's format, gate
+  // and up with SwiGLU (with LoRA: each into its own rows, then the updates and SwiGLU for
+  // every group); then per group the SwiGLU outputs prepared for down's format, down.
   auto run_mma = [&]() -> Status {
     // n_rows rows of k values (rows in_stride apart) into the piece at `at`, for format f.
     auto prepare = [&](WeightFormat f, float const* in, std::int64_t in_stride, std::int64_t n_rows, std::int64_t k,
@@ -519,26 +695,45 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       p.parts = ws.at<std::uint16_t>(at), p.part_stride = n_rows * k;
       return linear_cuda::mma::split<Arch>(in, in_stride, n_rows, k, ws.at<std::uint16_t>(at), stream);
     };
-    for (int gi = 0; gi < n_groups; ++gi) {
-      Group const& g = groups[gi];
-      std::int64_t const d_ff = g.set->gate.first.rows;
+    auto group_params = [&](Group const& g) {
       MmaParams p{};
-      p.w[0] = g.set->gate, p.w[1] = g.set->up;
-      if (g.shared) p.shared_w[0] = g.shared->gate, p.shared_w[1] = g.shared->up;
       p.tiles = g.listed ? tiles : nullptr;
       p.tile_count = tile_count;
       p.dense_rows = static_cast<int>(g.rows);
+      return p;
+    };
+    for (int gi = 0; gi < n_groups; ++gi) {
+      Group const& g = groups[gi];
+      MmaParams p = group_params(g);
       p.row_token = row_token;
       p.y = act, p.ys = d_ff_max;
       if (Status st = prepare(g.set->gate.first.format, a.x, d_model, a.n_tokens, d_model, x_mma_at, p);
           st != Status::kSuccess)
         return st;
-      if (Status st = project_mma<Arch, S, 2>(p, g.tiles, stream); st != Status::kSuccess) return st;
-      p.w[0] = g.set->down, p.w[1] = {};
-      p.shared_w[0] = g.shared ? g.shared->down : StackedView{}, p.shared_w[1] = {};
-      p.row_token = nullptr, p.act_row0 = g.row0;
+      if (!lora) {
+        p.w[0] = g.set->gate, p.w[1] = g.set->up;
+        if (g.shared) p.shared_w[0] = g.shared->gate, p.shared_w[1] = g.shared->up;
+        if (Status st = project_mma<Arch, S, 2>(p, g.tiles, stream); st != Status::kSuccess) return st;
+        continue;
+      }
+      for (auto [w, out] : {std::pair(&Set::gate, act), std::pair(&Set::up, act_up)}) {
+        p.w[0] = g.set->*w;
+        if (g.shared) p.shared_w[0] = g.shared->*w;
+        p.y = out;
+        if (Status st = project_mma<Arch, S, 1>(p, g.tiles, stream); st != Status::kSuccess) return st;
+      }
+    }
+    if (lora)
+      if (Status st = lora_swiglu(); st != Status::kSuccess) return st;
+    for (int gi = 0; gi < n_groups; ++gi) {
+      Group const& g = groups[gi];
+      MmaParams p = group_params(g);
+      p.w[0] = g.set->down;
+      if (g.shared) p.shared_w[0] = g.shared->down;
+      p.act_row0 = g.row0;
       p.y = y, p.ys = d_model;
-      if (Status st = prepare(g.set->down.first.format, act + g.row0 * d_ff_max, d_ff_max, g.rows, d_ff, act_mma_at, p);
+      if (Status st = prepare(g.set->down.first.format, act + g.row0 * d_ff_max, d_ff_max, g.rows,
+                              g.set->gate.first.rows, act_mma_at, p);
           st != Status::kSuccess)
         return st;
       if (Status st = project_mma<Arch, S, 1>(p, g.tiles, stream); st != Status::kSuccess) return st;
@@ -546,16 +741,8 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     return Status::kSuccess;
   };
 
-  auto run = [&]() -> Status {
-    // 1. Grouping.
-    group_kernel<Arch><<<1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream>>>(
-        a.routes, static_cast<int>(n_slots), a.n_expert_used, static_cast<int>(n_expert), static_cast<int>(shared_rows),
-        merged, tile_rows, tiles, tile_count, row_token, slot_row);
-    if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
-    if (use_mma) {
-      if (Status st = run_mma(); st != Status::kSuccess) return st;
-      return combine();
-    }
+  // Steps 2 to 4 on CUDA cores, in the same order as run_mma.
+  auto run_gemv = [&]() -> Status {
     // 2. The tokens quantized.
     for (int r = 1; r < kRoundings; ++r)
       if (x_rounded[r])
@@ -564,55 +751,79 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
                                                      stream);
             st != Status::kSuccess)
           return st;
-    // Unused routed rows stay zero for the quantization of step 4 (block formats' down
-    // quantizes every row of its group; other formats read only the rows of tiles).
-    if (act_rounded[1] || act_rounded[2])
-      if (cudaMemsetAsync(act, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
-        return Status::kErrorCuda;
-    // 3. and 4., per group.
-    for (int gi = 0; gi < n_groups; ++gi) {
-      Group const& g = groups[gi];
-      Set const* const set = g.set;
-      std::int64_t const d_ff = set->gate.first.rows;
+    auto group_params = [&](Group const& g) {
       ProjectParams p{};
       p.tiles = g.listed ? tiles : nullptr;
       p.tile_count = tile_count;
       p.dense_rows = static_cast<int>(g.rows);
+      return p;
+    };
+    // 3. Gate and up, per group.
+    for (int gi = 0; gi < n_groups; ++gi) {
+      Group const& g = groups[gi];
+      Set const* const set = g.set;
+      ProjectParams p = group_params(g);
       p.row_token = row_token;
       p.y = act;
       p.ys = d_ff_max;
       WeightFormat const gf = set->gate.first.format, uf = set->up.first.format;
-      if (gf == uf && a.fused_swiglu) {
+      if (gf == uf && a.fused_swiglu && !lora) {
         p.w = set->gate, p.up = set->up;
         input(p, xr_at, gf, a.x, d_model, a.n_tokens, d_model);
         if (g.shared) p.shared_w = g.shared->gate, p.shared_up = g.shared->up;
         if (Status st = project<Arch, S>(Pass::kGateUp, p, g.tiles, stream); st != Status::kSuccess) return st;
-      } else {
-        p.w = set->gate;
-        input(p, xr_at, gf, a.x, d_model, a.n_tokens, d_model);
-        if (g.shared) p.shared_w = g.shared->gate;
-        if (Status st = project<Arch, S>(Pass::kGate, p, g.tiles, stream); st != Status::kSuccess) return st;
-        p.w = set->up;
-        input(p, xr_at, uf, a.x, d_model, a.n_tokens, d_model);
-        if (g.shared) p.shared_w = g.shared->up;
-        if (Status st = project<Arch, S>(Pass::kUpSwiglu, p, g.tiles, stream); st != Status::kSuccess) return st;
+        continue;
       }
+      p.w = set->gate;
+      input(p, xr_at, gf, a.x, d_model, a.n_tokens, d_model);
+      if (g.shared) p.shared_w = g.shared->gate;
+      if (Status st = project<Arch, S>(Pass::kGate, p, g.tiles, stream); st != Status::kSuccess) return st;
+      p.w = set->up;
+      input(p, xr_at, uf, a.x, d_model, a.n_tokens, d_model);
+      if (g.shared) p.shared_w = g.shared->up;
+      if (lora) p.y = act_up;  // SwiGLU after the updates
+      if (Status st = project<Arch, S>(lora ? Pass::kGate : Pass::kUpSwiglu, p, g.tiles, stream);
+          st != Status::kSuccess)
+        return st;
+    }
+    if (lora)
+      if (Status st = lora_swiglu(); st != Status::kSuccess) return st;
+    // 4. Down, per group, over the SwiGLU outputs quantized for its format.
+    for (int gi = 0; gi < n_groups; ++gi) {
+      Group const& g = groups[gi];
+      Set const* const set = g.set;
+      std::int64_t const d_ff = set->gate.first.rows;
       WeightFormat const df = set->down.first.format;
       if (Rounding const r = linear_cuda::rounding(df); r != Rounding::kNone)
         if (Status st = linear_cuda::quantize<Arch>(r, act + g.row0 * d_ff_max, d_ff_max, d_ff,
                                                      codes_in(act_r_at, r, rows, d_ff).slice(g.row0, g.rows), stream);
             st != Status::kSuccess)
           return st;
-      p.w = set->down, p.up = {}, p.shared_up = {};
+      ProjectParams p = group_params(g);
+      p.w = set->down;
       if (g.shared) p.shared_w = g.shared->down;
-      p.row_token = nullptr;
       input(p, act_r_at, df, act, d_ff_max, rows, d_ff);
       p.y = y, p.ys = d_model;
       if (Status st = project<Arch, S>(Pass::kDown, p, g.tiles, stream); st != Status::kSuccess) return st;
     }
-    return combine();
+    return Status::kSuccess;
   };
-  return run();
+
+  // 1. Grouping; 2 to 4; down's LoRA updates; 5. combine.
+  group_kernel<Arch><<<1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream>>>(
+      a.routes, static_cast<int>(n_slots), a.n_expert_used, static_cast<int>(n_expert), static_cast<int>(shared_rows),
+      merged, tile_rows, tiles, tile_count, row_token, slot_row, row_expert);
+  if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+  // Unused routed rows stay zero: block formats' down quantizes every row of its group (other
+  // formats read only the rows of tiles), and LoRA's SwiGLU runs over every row.
+  for (float* rows_of : {act, act_up})
+    if (rows_of && (lora || act_rounded[1] || act_rounded[2]))
+      if (cudaMemsetAsync(rows_of, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
+        return Status::kErrorCuda;
+  if (Status st = use_mma ? run_mma() : run_gemv(); st != Status::kSuccess) return st;
+  if (lora)
+    if (Status st = add_lora(Proj::kDown, act, d_ff_max, false, y, d_model, d_model); st != Status::kSuccess) return st;
+  return combine();
 }
 
 }  // namespace qflash::kernels::expert_ffn_cuda

@@ -2,11 +2,16 @@
 /// Routed experts as one strided set: expert e's projection is the first one's view moved e
 /// strides on. A stacked tensor ([n_expert * rows, cols], as GGUF files and the device upload
 /// lay experts out) is such a set; the CUDA kernels read experts this way, with no table.
+/// Their LoRA updates too: stack_low_rank lays one projection's out so.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <optional>
 #include <span>
+#include <type_traits>
+#include <vector>
 
 #include "qflash/core/config.hpp"
 #include "qflash/kernels/expert_ffn/op.hpp"
@@ -28,9 +33,10 @@ struct StackedView {
   }
 };
 
-/// Projection `which` of `experts` as a StackedView: one format and shape, constant strides;
-/// nullopt when they are not laid out so (or there are none).
-inline std::optional<StackedView> stack(std::span<ExpertWeights const> experts, WeightView ExpertWeights::*which) {
+/// Matrix `which` of each of `experts` (ExpertWeights, LowRank) as a StackedView: one format
+/// and shape, constant strides; nullopt when they are not laid out so (or there are none).
+template <class T>
+std::optional<StackedView> stack(std::span<std::type_identity_t<T> const> experts, WeightView T::*which) {
   if (experts.empty()) return std::nullopt;
   WeightView const& w0 = experts[0].*which;
   StackedView s{w0};
@@ -46,6 +52,42 @@ inline std::optional<StackedView> stack(std::span<ExpertWeights const> experts, 
     if (w.format != w0.format || w.rows != w0.rows || w.cols != w0.cols || w.data != want.data ||
         (w0.format == WeightFormat::kFp8E4m3 && (w.scales != want.scales || w.scale_row0 != want.scale_row0)))
       return std::nullopt;
+  }
+  return s;
+}
+
+/// One projection's routed-expert LoRA updates at one rank, the largest of theirs: expert e's A
+/// is rows [e rank, (e + 1) rank) of `a` [n_expert rank, n_in], its B rows [e n_out, (e + 1) n_out)
+/// of `b` [n_expert n_out, rank]. Zero rows of A and columns of B pad the smaller updates (and
+/// stand for the empty ones), which leaves each update's value as it was.
+struct StackedLowRank {
+  std::int64_t rank = 0, n_in = 0, n_out = 0;  ///< rank 0: every update was empty
+  std::vector<float> a, b;
+
+  /// Expert e's update, as views into a and b.
+  [[nodiscard]] LowRank at(std::size_t e) const {
+    auto const i = static_cast<std::int64_t>(e);
+    return {{WeightFormat::kF32, a.data() + i * rank * n_in, rank, n_in},
+            {WeightFormat::kF32, b.data() + i * n_out * rank, n_out, rank}};
+  }
+};
+
+/// `updates` (f32, each empty or of one [n_out, n_in] matrix) stacked at their largest rank.
+inline StackedLowRank stack_low_rank(std::span<LowRank const> updates) {
+  StackedLowRank s;
+  for (LowRank const& u : updates)
+    if (!u.empty()) s.rank = std::max(s.rank, u.rank()), s.n_in = u.a.cols, s.n_out = u.b.rows;
+  if (s.rank == 0) return s;
+  auto const n = static_cast<std::int64_t>(updates.size());
+  s.a.assign(static_cast<std::size_t>(n * s.rank * s.n_in), 0.0f);
+  s.b.assign(static_cast<std::size_t>(n * s.n_out * s.rank), 0.0f);
+  for (std::int64_t e = 0; e < n; ++e) {
+    LowRank const& u = updates[static_cast<std::size_t>(e)];
+    if (u.empty()) continue;
+    std::int64_t const r = u.rank();
+    std::memcpy(s.a.data() + e * s.rank * s.n_in, u.a.data, static_cast<std::size_t>(r * s.n_in) * sizeof(float));
+    for (std::int64_t o = 0; o < s.n_out; ++o)  // B's rows widen to the stack's rank
+      std::memcpy(s.b.data() + (e * s.n_out + o) * s.rank, u.b.row(o), static_cast<std::size_t>(r) * sizeof(float));
   }
   return s;
 }

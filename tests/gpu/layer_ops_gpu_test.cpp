@@ -211,6 +211,7 @@ struct DeltaCase {
   std::vector<std::int64_t> runs;  ///< tokens per call
   bool tiled;                      ///< value head j reads q/k head j % n_head_k
   bool strided;                    ///< q, k, v inside one [q | k | v] row per token
+  int chunk = 64;                  ///< the chunked form's chunk_size
 };
 
 template <MoeSpec S, class Tag>
@@ -222,6 +223,7 @@ void check_gated_delta(DeltaCase const& c) {
   CAPTURE(c.runs.size());
   CAPTURE(c.tiled);
   CAPTURE(c.strided);
+  CAPTURE(c.chunk);
   std::int64_t n = 0;
   for (auto r : c.runs) n += r;
   std::int64_t const qk = std::int64_t{c.n_head_k} * c.d_k, vw = std::int64_t{c.n_head_v} * c.d_v;
@@ -251,7 +253,7 @@ void check_gated_delta(DeltaCase const& c) {
     a.state = o.state, a.out = o.out + t0 * vw, a.n_tokens = len;
     a.n_head_k = c.n_head_k, a.n_head_v = c.n_head_v, a.d_k = c.d_k, a.d_v = c.d_v;
     a.q_stride = c.strided ? row : 0, a.k_stride = a.q_stride, a.v_stride = a.q_stride;
-    a.tiled_value_heads = c.tiled, a.form = form;
+    a.tiled_value_heads = c.tiled, a.form = form, a.chunk_size = c.chunk;
     return a;
   };
   auto host_ops = [&](std::vector<float>& state, std::vector<float>& out) {
@@ -596,6 +598,12 @@ void check_instance() {
       for (bool tiled : {false, true})
         check_gated_delta<S, Tag>({16, 32, 128, 128, {1, 1, 130, 1}, tiled, true});
       check_gated_delta<S, Tag>({2, 6, 40, 70, {5, 1, 33}, false, false});
+      // Prefill in chunks: several groups of chunks (448 tokens here), a short last chunk, chunks
+      // of 20 and of 100 (64 on the device), d_k 256 (chunks of 32 there).
+      check_gated_delta<S, Tag>({16, 32, 128, 128, {1100, 40, 1, 17}, false, true});
+      check_gated_delta<S, Tag>({2, 6, 40, 70, {77, 3, 150}, true, false, 20});
+      check_gated_delta<S, Tag>({2, 4, 64, 64, {300}, false, false, 100});
+      check_gated_delta<S, Tag>({1, 2, 256, 40, {130}, false, false});
       check_gated_delta<S, Tag>({1, 1, 256, 16, {200}, false, false});
       check_gated_delta<S, Tag>({1, 1, 17, 33, {1, 2, 3}, true, false});
     }

@@ -1,13 +1,23 @@
 /// @file
-/// The gated delta rule on CUDA, shared by sm80.cuh and sm90a.cuh: the per-token recurrence
-/// (op.hpp's kRecurrent) for either form; the result equals the chunked form's up to fp32
-/// rounding, and a tensor-core chunked prefill is yet to come.
+/// The gated delta rule on CUDA, shared by sm80.cuh and sm90a.cuh, in fp32 on CUDA cores.
 ///
-/// A CTA owns 32 state columns (value dims) of one value head and keeps them in registers for
-/// the whole call: warp w, lane l holds S[32 w + i][32 b + l] for i < 32, so d_k / 32 warps
-/// cover the rows. Per token the CTA forms q̂ and k̂ in shared memory (l2norm by a warp each),
-/// decays its state, sums Sᵀk̂ and Sᵀq̂ over the warps through shared memory, and applies the
-/// rank-1 update; the state is read once and written once per call.
+/// kRecurrent, and calls of up to kMinChunkedTokens tokens: the per-token recurrence. A CTA
+/// owns 32 state columns (value dims) of one value head and keeps them in registers for the
+/// whole call: warp w, lane l holds S[32 w + i][32 b + l] for i < 32, so d_k / 32 warps cover
+/// the rows. Per token the CTA forms q̂ and k̂ in shared memory (l2norm by a warp each), decays
+/// its state, sums Sᵀk̂ and Sᵀq̂ over the warps through shared memory, and applies the rank-1
+/// update; the state is read once and written once per call.
+///
+/// kChunked (prefill): op.hpp's WY form, as the CPU's chunk_step computes it, in groups of
+/// chunks whose workspace fits kGroupBytes (Qwen3.6: 7 chunks of 64), two launches a group:
+///  1. chunk_kernel, a CTA per chunk and value head, all in parallel: q̂ and k̂, Γ as products
+///     of per-token decays, A and Q Kᵀ ⊙ Γ, then W = A⁻¹ diag(β e^γ) K and U = A⁻¹ diag(β) V by
+///     forward substitution (a thread per column), into the workspace with e^γ q̂ and
+///     e^{γ_last − γ} k̂;
+///  2. state_kernel, the recurrence's CTAs (state columns in registers) stepping through the
+///     group's chunks: V' = U − W S, O = (e^γ q̂) S + (Q Kᵀ ⊙ Γ) V', S ← e^{γ_last} S + kdᵀ V'.
+/// Chunks hold min(chunk_size, 64) tokens, halved while a chunk's q̂ and k̂ would not fit in
+/// shared memory; the result equals the CPU's up to fp32 rounding for any chunk length.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +27,7 @@
 #include <cstdint>
 
 #include "qflash/kernels/common/cuda.cuh"
+#include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/gated_delta/op.hpp"
 
 namespace qflash::kernels::gated_delta_cuda {
@@ -117,10 +128,246 @@ __global__ void __launch_bounds__(32 * kMaxWarps) recurrent_kernel(Params const 
   recurrent_columns(p, p.a);
 }
 
+// ---- kChunked ---------------------------------------------------------------------------
+
+inline constexpr int kMaxChunk = 64;               ///< tokens per chunk on the device, at most
+inline constexpr int kMinChunkedTokens = 16;       ///< shorter calls run the recurrence
+inline constexpr std::int64_t kGroupBytes = std::int64_t{32} << 20;  ///< workspace of a pair of launches, at most
+inline constexpr int kChunkThreads = 256;
+inline constexpr std::size_t kMaxChunkSmem = 100 * 1024;
+
+/// One chunk's and value head's piece of the workspace, for chunks of up to c tokens: W, e^γ q̂
+/// and e^{γ_last − γ} k̂ [c, d_k], U [c, d_v], Q Kᵀ ⊙ Γ [c, c] (rows and columns up to the
+/// chunk's length; zero above the diagonal), e^{γ_last}.
+struct ChunkLayout {
+  int c, dk, dv;
+  [[nodiscard]] __host__ __device__ std::int64_t floats() const {
+    return (std::int64_t{c} * (3 * dk + dv + c) + 1 + 3) / 4 * 4;
+  }
+  [[nodiscard]] __host__ __device__ float* w(float* base) const { return base; }
+  [[nodiscard]] __host__ __device__ float* qg(float* base) const { return base + std::int64_t{c} * dk; }
+  [[nodiscard]] __host__ __device__ float* kd(float* base) const { return base + 2 * std::int64_t{c} * dk; }
+  [[nodiscard]] __host__ __device__ float* u(float* base) const { return base + 3 * std::int64_t{c} * dk; }
+  [[nodiscard]] __host__ __device__ float* qk(float* base) const { return u(base) + std::int64_t{c} * dv; }
+  [[nodiscard]] __host__ __device__ float* last(float* base) const { return qk(base) + c * c; }
+};
+
+/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (d_k + 1 apart, so a
+/// warp reading one column of several rows hits distinct banks), A, and per token e^g, e^γ, β
+/// and Γ_{last, j}.
+__host__ __device__ constexpr std::size_t chunk_smem(int c, int dk) {
+  return (2 * static_cast<std::size_t>(c) * (dk + 1) + static_cast<std::size_t>(c) * c + 4 * static_cast<std::size_t>(c)) *
+         sizeof(float);
+}
+
+struct ChunkParams {
+  Params p;
+  std::int64_t t0;   ///< the group's first token
+  std::int64_t n;    ///< its tokens
+  ChunkLayout l;
+  float* work;       ///< [chunks, n_head_v] ChunkLayouts
+};
+
+/// Grid: x the group's chunks, y value heads.
+template <class Arch>
+__global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const cp) {
+  extern __shared__ float smem[];
+  GatedDeltaArgs const& a = cp.p.a;
+  int const dk = a.d_k, dv = a.d_v, c = cp.l.c, ldk = dk + 1;
+  int const h = static_cast<int>(blockIdx.y);
+  int const kh = a.tiled_value_heads ? h % a.n_head_k : h / cp.p.group;
+  std::int64_t const t0 = cp.t0 + static_cast<std::int64_t>(blockIdx.x) * c;
+  int const n = static_cast<int>(min(static_cast<std::int64_t>(c), cp.t0 + cp.n - t0));
+  int const warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  constexpr int kChunkWarps = kChunkThreads / 32;
+  float* const qn = smem;              // [c][ldk]
+  float* const kn = qn + c * ldk;      // [c][ldk]
+  float* const am = kn + c * ldk;      // [c][c]: strictlower(diag(β) K Kᵀ ⊙ Γ)
+  float* const eg = am + c * c;        // e^{g_i}
+  float* const ecum = eg + c;          // e^{γ_i}
+  float* const beta = ecum + c;
+  float* const glast = beta + c;       // Γ_{n-1, j}
+  float* const base = cp.work + (static_cast<std::int64_t>(blockIdx.x) * a.n_head_v + h) * cp.l.floats();
+  float* const w = cp.l.w(base);
+  float* const qg = cp.l.qg(base);
+  float* const kd = cp.l.kd(base);
+  float* const u = cp.l.u(base);
+  float* const qk = cp.l.qk(base);
+
+  for (int i = warp; i < n; i += kChunkWarps) {
+    l2norm_warp(a.q + (t0 + i) * cp.p.qs + kh * dk, dk, a.l2norm_eps, cp.p.q_scale, qn + i * ldk, lane);
+    l2norm_warp(a.k + (t0 + i) * cp.p.ks + kh * dk, dk, a.l2norm_eps, 1.0f, kn + i * ldk, lane);
+  }
+  if (threadIdx.x == 0)
+    for (int i = 0; i < n; ++i) {
+      eg[i] = expf(a.g[(t0 + i) * a.n_head_v + h]);
+      ecum[i] = (i ? ecum[i - 1] : 1.0f) * eg[i];
+      beta[i] = a.beta[(t0 + i) * a.n_head_v + h];
+    }
+  __syncthreads();
+  // Γ_ij = e^{g_{j+1}} ... e^{g_i} in that order (the CPU's product), then A and Q Kᵀ ⊙ Γ.
+  for (int idx = static_cast<int>(threadIdx.x); idx < n * n; idx += kChunkThreads) {
+    int const i = idx / n, j = idx % n;
+    float* const qk_ij = qk + i * c + j;
+    if (j > i) {
+      am[i * c + j] = 0.0f;
+      *qk_ij = 0.0f;
+      continue;
+    }
+    float gamma = 1.0f;
+    for (int s2 = j + 1; s2 <= i; ++s2) gamma *= eg[s2];
+    float kk = 0.0f, qkd = 0.0f;
+    for (int d = 0; d < dk; ++d) {
+      kk = fmaf(kn[i * ldk + d], kn[j * ldk + d], kk);
+      qkd = fmaf(qn[i * ldk + d], kn[j * ldk + d], qkd);
+    }
+    am[i * c + j] = j < i ? kk * (beta[i] * gamma) : 0.0f;
+    *qk_ij = qkd * gamma;
+    if (i == n - 1) glast[j] = gamma;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *cp.l.last(base) = ecum[n - 1];
+  for (int idx = static_cast<int>(threadIdx.x); idx < n * dk; idx += kChunkThreads) {
+    int const i = idx / dk, d = idx % dk;
+    qg[idx] = qn[i * ldk + d] * ecum[i];
+    kd[idx] = kn[i * ldk + d] * glast[i];
+  }
+  // Forward substitution, a thread per column of W (d < dk) or U: x_i = b_i − Σ_{j<i} A_ij x_j,
+  // each thread reading back only what it wrote.
+  for (int col = static_cast<int>(threadIdx.x); col < dk + dv; col += kChunkThreads) {
+    bool const is_w = col < dk;
+    float* const x = is_w ? w + col : u + (col - dk);
+    int const ld = is_w ? dk : dv;
+    for (int i = 0; i < n; ++i) {
+      float b = is_w ? beta[i] * ecum[i] * kn[i * ldk + col]
+                     : beta[i] * a.v[(t0 + i) * cp.p.vs + static_cast<std::int64_t>(h) * dv + (col - dk)];
+      for (int j = 0; j < i; ++j) b = fmaf(-am[i * c + j], x[j * ld], b);
+      x[i * ld] = b;
+    }
+  }
+}
+
+/// Grid: x column blocks of kCols, y value heads; block 32 * ceil(d_k / 32). Shared: the warps'
+/// partial sums [warps][c][kCols], V' [c][kCols].
+template <class Arch>
+__global__ void __launch_bounds__(32 * kMaxWarps) state_kernel(ChunkParams const cp) {
+  extern __shared__ float smem[];
+  GatedDeltaArgs const& a = cp.p.a;
+  int const dk = a.d_k, dv = a.d_v, c = cp.l.c;
+  int const warps = static_cast<int>(blockDim.x / 32);
+  int const warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  int const h = static_cast<int>(blockIdx.y);
+  int const col = static_cast<int>(blockIdx.x) * kCols + lane;
+  bool const has_col = col < dv;
+  float* const part = smem;              // [warps][c][kCols]
+  float* const vp = part + warps * c * kCols;  // [c][kCols]
+
+  float* const state = a.state + static_cast<std::int64_t>(h) * dk * dv;
+  float s[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    int const row = warp * kRows + i;
+    s[i] = has_col && row < dk ? state[static_cast<std::int64_t>(row) * dv + col] : 0.0f;
+  }
+  // The warp's share of m [n, d_k] S for each of the chunk's rows, into part.
+  auto partial = [&](float const* m, int n) {
+    for (int i = 0; i < n; ++i) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        int const row = warp * kRows + r;
+        if (row < dk) acc = fmaf(m[static_cast<std::int64_t>(i) * dk + row], s[r], acc);
+      }
+      part[(warp * c + i) * kCols + lane] = acc;
+    }
+  };
+  auto summed = [&](int i) {
+    float sum = 0.0f;
+    for (int w2 = 0; w2 < warps; ++w2) sum += part[(w2 * c + i) * kCols + lane];
+    return sum;
+  };
+  std::int64_t const n_chunks = (cp.n + c - 1) / c;
+  for (std::int64_t ci = 0; ci < n_chunks; ++ci) {
+    std::int64_t const t0 = cp.t0 + ci * c;
+    int const n = static_cast<int>(min(static_cast<std::int64_t>(c), cp.t0 + cp.n - t0));
+    float* const base = cp.work + (ci * a.n_head_v + h) * cp.l.floats();
+    float const* const u = cp.l.u(base);
+    float const* const qk = cp.l.qk(base);
+    float const* const kd = cp.l.kd(base);
+    // V' = U − W S, with the state as it was before this chunk.
+    partial(cp.l.w(base), n);
+    __syncthreads();
+    for (int i = warp; i < n; i += warps)
+      vp[i * kCols + lane] = (has_col ? u[static_cast<std::int64_t>(i) * dv + col] : 0.0f) - summed(i);
+    __syncthreads();
+    // O_i = e^{γ_i} q̂_iᵀ S + Σ_{j≤i} (Q Kᵀ ⊙ Γ)_ij V'_j.
+    partial(cp.l.qg(base), n);
+    __syncthreads();
+    for (int i = warp; i < n; i += warps) {
+      float o = summed(i);
+      for (int j = 0; j <= i; ++j) o = fmaf(qk[i * c + j], vp[j * kCols + lane], o);
+      if (has_col) a.out[((t0 + i) * a.n_head_v + h) * static_cast<std::int64_t>(dv) + col] = o;
+    }
+    // S ← e^{γ_last} S + Σ_j e^{γ_last − γ_j} k̂_j V'_jᵀ.
+    float const last = *cp.l.last(base);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      int const row = warp * kRows + r;
+      if (row >= dk) continue;
+      float v = s[r] * last;
+      for (int j = 0; j < n; ++j) v = fmaf(kd[static_cast<std::int64_t>(j) * dk + row], vp[j * kCols + lane], v);
+      s[r] = v;
+    }
+    __syncthreads();  // part and vp are next written for the next chunk
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    int const row = warp * kRows + i;
+    if (has_col && row < dk) state[static_cast<std::int64_t>(row) * dv + col] = s[i];
+  }
+}
+
+/// The chunked form over every group of `p.a`'s tokens.
+template <class Arch>
+Status launch_chunked(Params const& p, int warps, cudaStream_t stream) {
+  GatedDeltaArgs const& a = p.a;
+  int c = std::min(a.chunk_size, kMaxChunk);
+  while (c > 1 && chunk_smem(c, a.d_k) > kMaxChunkSmem) c /= 2;
+  ChunkLayout const l{c, a.d_k, a.d_v};
+  std::int64_t const chunk_bytes = a.n_head_v * l.floats() * static_cast<std::int64_t>(sizeof(float));
+  std::int64_t const group = std::max<std::int64_t>(1, kGroupBytes / chunk_bytes) * c;
+  std::int64_t const group_chunks = (std::min(group, a.n_tokens) + c - 1) / c;
+  auto* const work = static_cast<float*>(
+      cuda::stream_workspace(stream, static_cast<std::size_t>(group_chunks * a.n_head_v * l.floats()) * sizeof(float)));
+  if (!work) return Status::kErrorCuda;
+  std::size_t const smem1 = chunk_smem(c, a.d_k);
+  if (smem1 > 48 * 1024 &&
+      cudaFuncSetAttribute(chunk_kernel<Arch>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem1)) !=
+          cudaSuccess)
+    return Status::kErrorCuda;
+  std::size_t const smem2 = static_cast<std::size_t>(warps + 1) * c * kCols * sizeof(float);
+  if (smem2 > 48 * 1024 &&
+      cudaFuncSetAttribute(state_kernel<Arch>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem2)) !=
+          cudaSuccess)
+    return Status::kErrorCuda;
+  for (std::int64_t t0 = 0; t0 < a.n_tokens; t0 += group) {
+    ChunkParams cp{p, t0, std::min(group, a.n_tokens - t0), l, work};
+    dim3 const chunks(static_cast<unsigned>((cp.n + c - 1) / c), static_cast<unsigned>(a.n_head_v));
+    chunk_kernel<Arch><<<chunks, kChunkThreads, smem1, stream>>>(cp);
+    if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+    dim3 const columns(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v));
+    state_kernel<Arch><<<columns, 32 * warps, smem2, stream>>>(cp);
+    if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+  }
+  return Status::kSuccess;
+}
+
 /// The body of `launch_gated_delta<S>(Arch, args, stream)` for a CUDA arch tag.
 template <class Arch, MoeSpec S>
 Status launch(GatedDeltaArgs const& a, stream_t stream) {
   if (Status s = can_implement_gated_delta<S>(a); s != Status::kSuccess) return s;
+  if (a.form == DeltaRuleForm::kChunked && (a.chunk_size < 1 || a.chunk_size > kMaxDeltaChunk))
+    return Status::kErrorInvalidProblem;
   int const warps = (a.d_k + kRows - 1) / kRows;
   if (warps > kMaxWarps) return Status::kErrorNotSupported;
   Params p{};
@@ -130,6 +377,8 @@ Status launch(GatedDeltaArgs const& a, stream_t stream) {
   p.vs = a.v_stride ? a.v_stride : std::int64_t{a.n_head_v} * a.d_v;
   p.group = a.n_head_v / a.n_head_k;
   p.q_scale = 1.0f / std::sqrt(static_cast<float>(a.d_k));
+  if (a.form == DeltaRuleForm::kChunked && a.n_tokens > kMinChunkedTokens)
+    return launch_chunked<Arch>(p, warps, static_cast<cudaStream_t>(stream));
   std::size_t const smem = (2 * static_cast<std::size_t>(a.d_k) + 2 * static_cast<std::size_t>(warps) * kCols) * sizeof(float);
   dim3 const grid(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v));
   recurrent_kernel<Arch><<<grid, 32 * warps, smem, stream>>>(p);

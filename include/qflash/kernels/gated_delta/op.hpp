@@ -118,9 +118,9 @@ template <MoeSpec S>
   return Status::kSuccess;
 }
 
-/// Runs the delta rule: on the CPU (cpu.hpp) in `args.form`; on CUDA (sm80.cuh / sm90a.cuh,
-/// device pointers, d_k <= 256) as the recurrence for either form. Any other arch stops the
-/// build.
+/// Runs the delta rule in `args.form`: on the CPU (cpu.hpp), and on CUDA (sm80.cuh /
+/// sm90a.cuh, device pointers, d_k <= 256; a call of at most 16 tokens runs the recurrence,
+/// and chunks there hold at most 64 tokens: device.cuh). Any other arch stops the build.
 template <MoeSpec S>
 Status launch_gated_delta(arch::Cpu, GatedDeltaArgs const& args, stream_t stream = nullptr);
 template <MoeSpec S>

@@ -959,6 +959,9 @@ TEST_CASE("expert_ffn: LoRA updates stacked at one rank, as CUDA reads them, kee
   CHECK(sd.n_in == d_ff);
   CHECK(sd.n_out == d_model);
   CHECK(stack_low_rank(std::vector<LowRank>(3)).rank == 0);
+  std::vector<LowRank> mixed = gate;  // another expert's shape among them: refused
+  mixed[2] = down[0];
+  CHECK_THROWS_AS((void)stack_low_rank(mixed), Error);
   std::vector<LowRank> stacked_gate, stacked_down;
   for (std::size_t e = 0; e < gate.size(); ++e) stacked_gate.push_back(sg.at(e)), stacked_down.push_back(sd.at(e));
   for (auto m : {&LowRank::a, &LowRank::b}) {  // one strided set each, where the ragged updates are none

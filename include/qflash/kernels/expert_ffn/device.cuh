@@ -514,25 +514,49 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   if (rows > INT32_MAX || n_expert * static_cast<std::int64_t>(sizeof(int)) > 48 * 1024)
     return Status::kErrorNotSupported;
   std::int64_t const d_model = routed.gate.first.cols;
-  // The runs of tokens that share an adapter, and the largest rank of their updates.
+  // LoRA: the batch's adapters, each projection's updates as views the kernels read (routed
+  // experts' stacked: else refused here, before anything is queued), found once per adapter;
+  // the runs of tokens that share one; the largest rank.
+  enum class Proj { kGate, kUp, kDown };
+  struct Adapter {
+    ExpertLora const* lora;
+    std::array<LoraRun, 3> updates;  ///< per Proj; tokens unset
+  };
   struct AdapterRun {
     int token0, token1;
-    ExpertLora const* lora;
+    std::size_t adapter;
   };
+  std::vector<Adapter> adapters;
   std::vector<AdapterRun> adapter_runs;
   std::int64_t lora_rank = 0;
   for (std::int64_t t = 0; a.token_lora && t < a.n_tokens; ++t) {
     ExpertLora const* l = a.token_lora[t];
     if (!l) continue;
-    if (!adapter_runs.empty() && adapter_runs.back().lora == l && adapter_runs.back().token1 == t) {
+    if (!adapter_runs.empty() && adapters[adapter_runs.back().adapter].lora == l && adapter_runs.back().token1 == t) {
       ++adapter_runs.back().token1;
       continue;
     }
-    adapter_runs.push_back({static_cast<int>(t), static_cast<int>(t) + 1, l});
-    for (auto const* list : {&l->gate, &l->up, &l->down})
-      if (!list->empty()) lora_rank = std::max(lora_rank, (*list)[0].rank());  // one rank: stacked
-    for (LowRank const* u : {&l->shared_gate, &l->shared_up, &l->shared_down})
-      if (!u->empty()) lora_rank = std::max(lora_rank, u->rank());
+    auto known = std::find_if(adapters.begin(), adapters.end(), [&](Adapter const& x) { return x.lora == l; });
+    if (known == adapters.end()) {
+      Adapter ad{l, {}};
+      std::array<std::pair<std::span<LowRank const>, LowRank const*>, 3> const lists{
+          std::pair(l->gate, &l->shared_gate), std::pair(l->up, &l->shared_up), std::pair(l->down, &l->shared_down)};
+      for (std::size_t k = 0; k < lists.size(); ++k) {
+        auto const& [routed_updates, shared_update] = lists[k];
+        LoraRun& u = ad.updates[k];
+        if (!routed_updates.empty()) {
+          std::optional<StackedView> const sa = stack(routed_updates, &LowRank::a), sb = stack(routed_updates, &LowRank::b);
+          if (!sa || !sb) return Status::kErrorNotSupported;  // upload_lora stacks them
+          u.a = *sa, u.b = *sb;
+          lora_rank = std::max(lora_rank, sa->first.rows);
+        }
+        u.shared_a = shared_update->a, u.shared_b = shared_update->b;
+        if (!shared_update->empty()) lora_rank = std::max(lora_rank, shared_update->rank());
+      }
+      adapters.push_back(ad);
+      known = adapters.end() - 1;
+    }
+    adapter_runs.push_back({static_cast<int>(t), static_cast<int>(t) + 1, static_cast<std::size_t>(known - adapters.begin())});
   }
   bool const lora = !adapter_runs.empty();
   // Rows of SwiGLU outputs d_ff_max apart, a multiple of 4 floats: the block formats' lanes
@@ -638,7 +662,6 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   };
   // LoRA: out (n_out columns, ys apart) += B (A x) of projection `which` for every pair row whose
   // token has an update; x's rows are the tokens' (by_token) or the pair rows'.
-  enum class Proj { kGate, kUp, kDown };
   auto add_lora = [&](Proj which, float const* x, std::int64_t xs, bool by_token, float* out, std::int64_t ys,
                       std::int64_t n_out) -> Status {
     for (std::size_t c0 = 0; c0 < adapter_runs.size(); c0 += kLoraRuns) {
@@ -650,19 +673,10 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       p.y = out, p.ys = ys, p.n_out = n_out;
       bool any = false;
       for (std::size_t i = c0; i < std::min(adapter_runs.size(), c0 + kLoraRuns); ++i) {
-        ExpertLora const& l = *adapter_runs[i].lora;
-        auto const& [routed, shared_update] =
-            which == Proj::kGate ? std::pair(l.gate, &l.shared_gate)
-                                 : which == Proj::kUp ? std::pair(l.up, &l.shared_up) : std::pair(l.down, &l.shared_down);
         LoraRun& run = p.runs[p.n_runs++];
+        run = adapters[adapter_runs[i].adapter].updates[static_cast<std::size_t>(which)];
         run.token0 = adapter_runs[i].token0, run.token1 = adapter_runs[i].token1;
-        if (!routed.empty()) {
-          std::optional<StackedView> const sa = stack(routed, &LowRank::a), sb = stack(routed, &LowRank::b);
-          if (!sa || !sb) return Status::kErrorNotSupported;  // upload_lora stacks them
-          run.a = *sa, run.b = *sb;
-        }
-        run.shared_a = shared_update->a, run.shared_b = shared_update->b;
-        any = any || !routed.empty() || !shared_update->empty();
+        any = any || run.a.first.data || run.shared_a.data;
       }
       if (!any) continue;
       lora_a_kernel<Arch><<<blocks_for(rows * lora_rank * 32), kThreads, 0, stream>>>(p);

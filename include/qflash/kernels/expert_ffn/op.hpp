@@ -96,8 +96,8 @@ template <MoeSpec S>
 
 /// Launchers, one overload per arch tag: cpu.hpp, and sm80.cuh / sm90a.cuh (device pointers
 /// in x, routes, weights and out and in the views' data; the spans and views themselves are
-/// host memory. CUDA needs each projection's routed experts at one stride (stacked.hpp) and
-/// runs no LoRA: else kErrorNotSupported).
+/// host memory. CUDA needs each projection's routed experts, and their LoRA updates, at one
+/// stride (stacked.hpp): else kErrorNotSupported).
 template <MoeSpec S>
 Status launch_expert_ffn(arch::Cpu, ExpertFfnArgs const& args, stream_t stream = nullptr);
 template <MoeSpec S>

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qflash/core/config.hpp"
+#include "qflash/core/error.hpp"
 #include "qflash/kernels/expert_ffn/op.hpp"
 
 namespace qflash::kernels {
@@ -73,11 +74,15 @@ struct StackedLowRank {
 };
 
 /// `updates` (f32, each empty or of one [n_out, n_in] matrix) stacked at their largest rank.
+/// Throws Error when they are not so.
 inline StackedLowRank stack_low_rank(std::span<LowRank const> updates) {
   StackedLowRank s;
   for (LowRank const& u : updates)
     if (!u.empty()) s.rank = std::max(s.rank, u.rank()), s.n_in = u.a.cols, s.n_out = u.b.rows;
   if (s.rank == 0) return s;
+  for (LowRank const& u : updates)
+    QFLASH_CHECK(u.fits(s.n_out, s.n_in), "stack_low_rank: the experts' LoRA updates are not all f32 updates of one ",
+                 s.n_out, " x ", s.n_in, " matrix");
   auto const n = static_cast<std::int64_t>(updates.size());
   s.a.assign(static_cast<std::size_t>(n * s.rank * s.n_in), 0.0f);
   s.b.assign(static_cast<std::size_t>(n * s.n_out * s.rank), 0.0f);

@@ -17,7 +17,7 @@
 ///  2. state_kernel, the recurrence's CTAs (state columns in registers) stepping through the
 ///     group's chunks: V' = U − W S, O = (e^γ q̂) S + (Q Kᵀ ⊙ Γ) V', S ← e^{γ_last} S + kdᵀ V'.
 /// Chunks hold min(chunk_size, 64) tokens, halved while a chunk's q̂ and k̂ would not fit in
-/// shared memory; the result equals the CPU's up to fp32 rounding for any chunk length.
+/// 99 KiB of shared memory; the result equals the CPU's up to fp32 rounding for any chunk length.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -134,7 +134,7 @@ inline constexpr int kMaxChunk = 64;               ///< tokens per chunk on the 
 inline constexpr int kMinChunkedTokens = 16;       ///< shorter calls run the recurrence
 inline constexpr std::int64_t kGroupBytes = std::int64_t{32} << 20;  ///< workspace of a pair of launches, at most
 inline constexpr int kChunkThreads = 256;
-inline constexpr std::size_t kMaxChunkSmem = 100 * 1024;
+inline constexpr std::size_t kMaxChunkSmem = 99 * 1024;  ///< what sm_86 and sm_89 opt in to per block
 
 /// One chunk's and value head's piece of the workspace, for chunks of up to c tokens: W, e^γ q̂
 /// and e^{γ_last − γ} k̂ [c, d_k], U [c, d_v], Q Kᵀ ⊙ Γ [c, c] (rows and columns up to the

@@ -51,6 +51,24 @@ __device__ __forceinline__ void l2norm_warp(float const* x, int d, float eps, fl
   for (int i = lane; i < d; i += 32) y[i] = x[i] * f;
 }
 
+/// The state rows warp w holds of column `col` ([d_k, d_v] `state`, rows 32 w + i), into s;
+/// zeros past d_k or d_v.
+__device__ __forceinline__ void load_columns(float const* state, int dk, int dv, int warp, int col, float (&s)[kRows]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    int const row = warp * kRows + i;
+    s[i] = col < dv && row < dk ? state[static_cast<std::int64_t>(row) * dv + col] : 0.0f;
+  }
+}
+/// load_columns' inverse.
+__device__ __forceinline__ void store_columns(float const (&s)[kRows], int dk, int dv, int warp, int col, float* state) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    int const row = warp * kRows + i;
+    if (col < dv && row < dk) state[static_cast<std::int64_t>(row) * dv + col] = s[i];
+  }
+}
+
 /// One CTA's columns (blockIdx.x) of value head blockIdx.y over every token of `a`: the body
 /// of recurrent_kernel, and of kernels/gdn_decode's per-sequence step. Block: 32 * ceil(d_k / 32)
 /// threads. Shared: q̂ [d_k], k̂ [d_k], the warps' partial sums [2][warps][kCols].
@@ -70,11 +88,7 @@ __device__ __forceinline__ void recurrent_columns(Params const& p, GatedDeltaArg
 
   float* const state = a.state + static_cast<std::int64_t>(h) * dk * dv;
   float s[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    int const row = warp * kRows + i;
-    s[i] = has_col && row < dk ? state[static_cast<std::int64_t>(row) * dv + col] : 0.0f;
-  }
+  load_columns(state, dk, dv, warp, col, s);
 
   for (std::int64_t t = 0; t < a.n_tokens; ++t) {
     if (warp == 0) l2norm_warp(a.q + t * p.qs + kh * dk, dk, a.l2norm_eps, p.q_scale, q_hat, lane);
@@ -115,11 +129,7 @@ __device__ __forceinline__ void recurrent_columns(Params const& p, GatedDeltaArg
     // warp has read them: the barrier before part_o's reads covers q̂/k̂/part_u, and part_o
     // is next written after two more barriers.
   }
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    int const row = warp * kRows + i;
-    if (has_col && row < dk) state[static_cast<std::int64_t>(row) * dv + col] = s[i];
-  }
+  store_columns(s, dk, dv, warp, col, state);
 }
 
 /// Grid: x column blocks of kCols, y value heads.
@@ -264,11 +274,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) state_kernel(ChunkParams const
 
   float* const state = a.state + static_cast<std::int64_t>(h) * dk * dv;
   float s[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    int const row = warp * kRows + i;
-    s[i] = has_col && row < dk ? state[static_cast<std::int64_t>(row) * dv + col] : 0.0f;
-  }
+  load_columns(state, dk, dv, warp, col, s);
   // The warp's share of m [n, d_k] S for each of the chunk's rows, into part.
   auto partial = [&](float const* m, int n) {
     for (int i = 0; i < n; ++i) {
@@ -320,11 +326,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) state_kernel(ChunkParams const
     }
     __syncthreads();  // part and vp are next written for the next chunk
   }
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    int const row = warp * kRows + i;
-    if (has_col && row < dk) state[static_cast<std::int64_t>(row) * dv + col] = s[i];
-  }
+  store_columns(s, dk, dv, warp, col, state);
 }
 
 /// The chunked form over every group of `p.a`'s tokens.

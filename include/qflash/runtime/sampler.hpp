@@ -193,7 +193,7 @@ class Sampler {
         // Rescaled from the row's max to mx; widened for the float rounding of the weights'
         // arguments (l - max) / t, which moves a weight by up to |its argument| * 2^-24 and so
         // a row's sum by under 1e-6 of its mass (the mass-weighted mean argument stays below
-        // ln(vocab)); the toll's cancellation does not shrink it.
+        // ln(vocab)); subtracting what the penalties took does not shrink it.
         double const scale = std::exp((static_cast<double>(row.stats.max) - mx) / p_.temperature);
         double const slack = 4e-6 * row.stats.mass;
         sum_hi = (row.stats.mass - taken + slack) * scale;

@@ -1,6 +1,6 @@
 // expert_ffn on CUDA: every compiled instance (spec x arch) this device runs, every weight
 // format the spec compiles, against the CPU twin, over the spec's shapes (or several when they
-// are dynamic): one token and many (tiles of several rows per expert), unused route slots, a
+// are dynamic): one token (rows by slot, down and combine in one launch) and many (tiles of several rows per expert), unused route slots, a
 // shared expert of another width, gate and up in different formats, fused and separate SwiGLU,
 // rows too short for the vector path; prompts on tensor cores (bf16, fp8 and the block
 // formats; 16-row tiles, the shared expert merged or not); LoRA updates of two adapters and
@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <span>
 #include <utility>
@@ -132,6 +133,7 @@ struct Case {
   std::int64_t d_ff_shared = 0;
   bool fused = true;
   bool lora = false;  // tokens take adapter 1, adapter 2 and none in turn
+  bool accumulate = true;  // false: out starts as NaN, which must not be read
 };
 
 bool fits(WeightFormat f, std::int64_t d_model, std::int64_t d_ff) { return row_fits(f, d_model) && row_fits(f, d_ff); }
@@ -147,6 +149,7 @@ void check_case(Case const& c) {
   CAPTURE(c.shared.has_value());
   CAPTURE(c.fused);
   CAPTURE(c.lora);
+  CAPTURE(c.accumulate);
   test::ExpertCase h;
   for (int e = 0; e < c.n_expert; ++e) {
     std::uint64_t const seed = 100 + 3 * static_cast<std::uint64_t>(e);
@@ -157,17 +160,21 @@ void check_case(Case const& c) {
   h.set_tokens(c.tokens, c.d_model, c.k, 7);
   for (std::int64_t t = 0; t < c.tokens; ++t) {
     for (int j = 0; j < c.k; ++j) {
-      // Token 2 and every fifth use one slot fewer (dynamic routing); the rest spread over the experts.
-      bool const unused = j == c.k - 1 && (t == 2 || t % 5 == 4);
+      // Token 2 and every fifth use one slot fewer (dynamic routing), as does a lone token
+      // beside a shared expert or of gate and up apart; the rest spread over the experts.
+      bool const unused = j == c.k - 1 && (t == 2 || t % 5 == 4 || (c.tokens == 1 && (c.shared || c.gate != c.up)));
       h.routes.push_back(unused ? kNoExpert : static_cast<std::int32_t>((t * 3 + j * 7) % c.n_expert));
       h.route_weights.push_back(unused ? 0.0f : 0.4f - 0.05f * static_cast<float>(j));
     }
     h.shared_weights.push_back(0.5f + 0.01f * static_cast<float>(t % 7));
   }
-  auto const out0 = test::random_floats(static_cast<std::size_t>(c.tokens * c.d_model), 9, -1, 1);
+  auto const out0 = c.accumulate ? test::random_floats(static_cast<std::size_t>(c.tokens * c.d_model), 9, -1, 1)
+                                 : std::vector<float>(static_cast<std::size_t>(c.tokens * c.d_model),
+                                                      std::numeric_limits<float>::quiet_NaN());
   std::vector<float> cpu = out0;
   ExpertFfnArgs a = h.args(cpu.data());
   a.fused_swiglu = c.fused;
+  a.accumulate = c.accumulate;
   // LoRA: adapter 1 (rank 4) updates every routed projection and the shared expert's down;
   // adapter 2 the routed up projections only, at ranks 2 and 1 (expert 1: none).
   std::vector<LowRank> g1, u1, d1, u2;
@@ -233,6 +240,19 @@ void check_instance() {
       Case c{.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = 1, .shared = f,
              .d_ff_shared = d_ff_shared};
       check_case<S, Tag>(c);
+      // One token, the shared expert merged: rows by slot, down and combine in one launch; at
+      // the most slots that takes (15 and the shared expert) and one past it (grouped again).
+      for (int k : {4, 15, 16}) {
+        Case one = c;
+        one.d_ff_shared = d_ff, one.n_expert = 20, one.k = k;
+        check_case<S, Tag>(one);
+      }
+      // Written rather than added to (as the model's MoE block calls it): by slot and grouped.
+      for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{3}}) {
+        Case w = c;
+        w.d_ff_shared = d_ff, w.tokens = tokens, w.accumulate = false;
+        check_case<S, Tag>(w);
+      }
       c.tokens = 19, c.fused = false;
       check_case<S, Tag>(c);
       // LoRA on CUDA cores: a decode step (3 tokens) and 19 tokens in 13 runs.
@@ -258,6 +278,10 @@ void check_instance() {
       check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kQ8_0, .down = WeightFormat::kFp8E4m3,
                           .d_model = d_model, .d_ff = d_ff, .tokens = 9, .shared = WeightFormat::kF16,
                           .d_ff_shared = d_ff_shared});
+    // One token by slot, gate, up and down each in its own format, gate and up apart.
+    if (fits(WeightFormat::kQ4K, d_model, d_ff))
+      check_case<S, Tag>({.gate = WeightFormat::kQ8_0, .up = WeightFormat::kBf16, .down = WeightFormat::kQ4K,
+                          .d_model = d_model, .d_ff = d_ff, .tokens = 1});
     // A prompt of block formats as GGUF files mix them: down in q6_k, the shared expert in q8_0.
     if (fits(WeightFormat::kQ4K, d_model, d_ff) && fits(WeightFormat::kQ8_0, d_model, d_ff_shared))
       check_case<S, Tag>({.gate = WeightFormat::kQ4K, .up = WeightFormat::kQ4K, .down = WeightFormat::kQ6K,

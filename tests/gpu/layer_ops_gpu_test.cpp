@@ -1,5 +1,6 @@
-// The model's smaller ops on CUDA (gated_rmsnorm, gdn_gates, qk_norm_rope, causal_conv1d,
-// gated_delta, gdn_decode, router_topk, embedding, token_candidates):
+// The model's smaller ops on CUDA (gated_rmsnorm, gdn_gates, qk_norm_rope, also with the keys
+// in the same call, causal_conv1d, gated_delta, gdn_decode, also with raw gates and the output
+// norm, router_topk, embedding, token_candidates):
 // every compiled instance (spec x arch) this device runs, against the CPU twins and the fp64
 // references, over the spec's shapes (or several when they are dynamic), rows past the grid
 // cap, y over x, strided heads, partial and full rotation, both norm-weight kinds, and a
@@ -164,6 +165,42 @@ void check_qk_norm_rope(RopeCase const& k) {
   CHECK_MESSAGE(r.ok, "GPU vs ref: ", r.report);
 }
 
+/// Queries out of [query | gate] rows and GQA keys in place, in one call (the model's): both
+/// sets against the CPU twin's same call.
+template <MoeSpec S, class Tag>
+void check_qk_norm_rope_keys(std::int64_t tokens, int heads, int kv_heads, int d, int rotary_dim) {
+  CAPTURE(tokens);
+  CAPTURE(heads);
+  CAPTURE(kv_heads);
+  CAPTURE(d);
+  auto const qg = test::random_floats(static_cast<std::size_t>(tokens * heads * 2 * d), 53, -3, 3);
+  auto const k0 = test::random_floats(static_cast<std::size_t>(tokens * kv_heads * d), 54, -3, 3);
+  auto const wq = test::random_floats(static_cast<std::size_t>(d), 55, -0.5f, 0.5f);
+  auto const wk = test::random_floats(static_cast<std::size_t>(d), 56, -0.5f, 0.5f);
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(tokens));
+  for (std::size_t t = 0; t < positions.size(); ++t) positions[t] = static_cast<std::int64_t>(t * 31 % 5000);
+  auto args = [&](float const* x, float const* w_q, float* q, float* k, float const* w_k, std::int64_t const* pos) {
+    QkNormRopeArgs a{};
+    a.x = x, a.token_stride = std::int64_t{heads} * 2 * d, a.head_stride = 2 * d, a.weight = w_q, a.y = q;
+    a.positions = pos, a.n_tokens = tokens, a.n_head = heads, a.d_head = d, a.rotary_dim = rotary_dim;
+    a.theta = 1000000.0f, a.eps = 1e-6f;
+    a.keys = {k, std::int64_t{kv_heads} * d, d, w_k, k, kv_heads};
+    return a;
+  };
+  std::vector<float> q_cpu(static_cast<std::size_t>(tokens * heads * d)), k_cpu(k0);
+  REQUIRE(launch_qk_norm_rope<S>(arch::Cpu{}, args(qg.data(), wq.data(), q_cpu.data(), k_cpu.data(), wk.data(),
+                                                   positions.data())) == Status::kSuccess);
+  DeviceArray<float> dqg(qg), dk(k0), dwq(wq), dwk(wk), dq(q_cpu.size());
+  DeviceArray<std::int64_t> dpos(positions);
+  REQUIRE(launch_qk_norm_rope<S>(Tag{}, args(dqg.get(), dwq.get(), dq.get(), dk.get(), dwk.get(), dpos.get()),
+                                 nullptr) == Status::kSuccess);
+  synchronize();
+  auto const q = all_close<float, float>(dq.download(), q_cpu, kNorm);
+  CHECK_MESSAGE(q.ok, "GPU vs CPU twin (queries): ", q.report);
+  auto const k = all_close<float, float>(dk.download(), k_cpu, kNorm);
+  CHECK_MESSAGE(k.ok, "GPU vs CPU twin (keys): ", k.report);
+}
+
 /// A sequence of `runs` tokens in order, conv'd call by call from a random state; y and the
 /// final state against the CPU's and the reference's.
 template <MoeSpec S, class Tag>
@@ -294,12 +331,16 @@ struct DecodeCase {
   bool tiled;
   int n_seqs;  ///< decoding sequences, rows 2 i + 1 of a batch of 2 n_seqs + 1 rows
   int steps;   ///< decode steps through the same states
+  bool raw_gates = false;  ///< g and beta come as a and b; the op applies gdn_gates first
+  bool norm = false;       ///< the op norms out after (gated_rmsnorm)
 };
 
 /// gdn_decode on the device against its CPU twin and ref::gdn_decode, over several steps that
-/// carry each sequence's conv and recurrent state.
+/// carry each sequence's conv and recurrent state; with raw gates, the gates it wrote too.
 template <MoeSpec S, class Tag>
 void check_gdn_decode(DecodeCase const& c) {
+  CAPTURE(c.raw_gates);
+  CAPTURE(c.norm);
   CAPTURE(c.n_head_k);
   CAPTURE(c.n_head_v);
   CAPTURE(c.d_k);
@@ -313,6 +354,12 @@ void check_gdn_decode(DecodeCase const& c) {
   std::vector<std::int64_t> rows;
   for (int i = 0; i < c.n_seqs; ++i) rows.push_back(2 * i + 1);
   auto const w = test::random_floats(static_cast<std::size_t>(cd * c.d_conv), 81, -0.5f, 0.5f);
+  auto const dt_bias = test::random_floats(static_cast<std::size_t>(c.n_head_v), 84, -1, 1);
+  auto const neg_a = test::random_floats(static_cast<std::size_t>(c.n_head_v), 85, -2, -0.01f);
+  DeviceArray<float> ddt(dt_bias), dna(neg_a);
+  auto const z = test::random_floats(static_cast<std::size_t>(T * vw), 86, -4, 4);
+  auto const norm_w = test::random_floats(static_cast<std::size_t>(c.d_v), 87, 0.5f, 1.5f);
+  DeviceArray<float> dz(z), dnw(norm_w);
   auto conv_ref = test::random_floats(static_cast<std::size_t>(c.n_seqs * conv_n), 82);
   auto state_ref = test::random_floats(static_cast<std::size_t>(c.n_seqs * state_n), 83, -0.3f, 0.3f);
   auto conv_cpu = conv_ref, state_cpu = state_ref;
@@ -320,8 +367,9 @@ void check_gdn_decode(DecodeCase const& c) {
       dout(static_cast<std::size_t>(T * vw));
   std::vector<float> y_ref(static_cast<std::size_t>(T * cd)), out_ref(static_cast<std::size_t>(T * vw));
   auto y_cpu = y_ref, out_cpu = out_ref;
-  auto args = [&](float const* x, float const* g, float const* beta, float* y, float* out, float* conv, float* state,
-                  std::vector<float*>& cp, std::vector<float*>& sp, float const* weight) {
+  auto args = [&](float const* x, float* g, float* beta, float* y, float* out, float* conv, float* state,
+                  std::vector<float*>& cp, std::vector<float*>& sp, float const* weight, float const* dt,
+                  float const* na, float const* zp, float const* nw) {
     cp.clear();
     sp.clear();
     for (int i = 0; i < c.n_seqs; ++i) {
@@ -333,23 +381,35 @@ void check_gdn_decode(DecodeCase const& c) {
     a.conv_state = cp.data(), a.state = sp.data(), a.conv_weight = weight, a.n_seqs = c.n_seqs;
     a.n_head_k = c.n_head_k, a.n_head_v = c.n_head_v, a.d_k = c.d_k, a.d_v = c.d_v, a.d_conv = c.d_conv;
     a.tiled_value_heads = c.tiled;
+    if (c.raw_gates) a.dt_bias = dt, a.neg_a = na;
+    if (c.norm) a.norm_weight = nw, a.z = zp, a.norm_eps = 1e-6f;
     return a;
   };
   std::vector<float*> cp, sp;
   for (int step = 0; step < c.steps; ++step) {
     auto const x = test::random_floats(static_cast<std::size_t>(T * cd), 90 + step);
-    auto const g = test::random_floats(static_cast<std::size_t>(T * c.n_head_v), 110 + step, -1.0f, 0.0f);
-    auto const beta = test::random_floats(g.size(), 130 + step, 0.0f, 1.0f);
-    ref::gdn_decode(args(x.data(), g.data(), beta.data(), y_ref.data(), out_ref.data(), conv_ref.data(),
-                         state_ref.data(), cp, sp, w.data()));
-    REQUIRE(launch_gdn_decode<S>(arch::Cpu{}, args(x.data(), g.data(), beta.data(), y_cpu.data(), out_cpu.data(),
-                                                   conv_cpu.data(), state_cpu.data(), cp, sp, w.data())) ==
+    auto const g = c.raw_gates ? test::random_floats(static_cast<std::size_t>(T * c.n_head_v), 110 + step, -10, 30)
+                               : test::random_floats(static_cast<std::size_t>(T * c.n_head_v), 110 + step, -1, 0);
+    auto const beta = c.raw_gates ? test::random_floats(g.size(), 130 + step, -8, 8)
+                                  : test::random_floats(g.size(), 130 + step, 0, 1);
+    auto g_ref = g, beta_ref = beta, g_cpu = g, beta_cpu = beta;
+    ref::gdn_decode(args(x.data(), g_ref.data(), beta_ref.data(), y_ref.data(), out_ref.data(), conv_ref.data(),
+                         state_ref.data(), cp, sp, w.data(), dt_bias.data(), neg_a.data(), z.data(), norm_w.data()));
+    REQUIRE(launch_gdn_decode<S>(arch::Cpu{}, args(x.data(), g_cpu.data(), beta_cpu.data(), y_cpu.data(),
+                                                   out_cpu.data(), conv_cpu.data(), state_cpu.data(), cp, sp, w.data(),
+                                                   dt_bias.data(), neg_a.data(), z.data(), norm_w.data())) ==
             Status::kSuccess);
     DeviceArray<float> dx(x), dg(g), dbeta(beta);
     REQUIRE(launch_gdn_decode<S>(Tag{}, args(dx.get(), dg.get(), dbeta.get(), dy.get(), dout.get(), dconv.get(),
-                                             dstate.get(), cp, sp, dw.get()),
+                                             dstate.get(), cp, sp, dw.get(), ddt.get(), dna.get(), dz.get(), dnw.get()),
                                  nullptr) == Status::kSuccess);
     synchronize();
+    for (auto const& [got, cpu, want] : {std::tuple{dg.download(), g_cpu, g_ref}, std::tuple{dbeta.download(), beta_cpu, beta_ref}}) {
+      auto const gc = all_close<float, float>(got, cpu, kGates);  // raw: the gates; else untouched
+      CHECK_MESSAGE(gc.ok, "GPU vs CPU (gates): ", gc.report);
+      auto const gr = all_close<float, float>(got, want, kGates);
+      CHECK_MESSAGE(gr.ok, "GPU vs ref (gates): ", gr.report);
+    }
   }
   std::vector<float> const out = dout.download(), state = dstate.download(), conv = dconv.download();
   for (auto const& [name, want_out, want_state, want_conv] :
@@ -608,12 +668,15 @@ void check_instance() {
       check_gated_delta<S, Tag>({1, 1, 17, 33, {1, 2, 3}, true, false});
     }
     if constexpr (S.d_head_k_linear != kDynamic) {
-      check_gdn_decode<S, Tag>({S.n_head_k_linear, S.n_head_v_linear, S.d_head_k_linear, S.d_head_v_linear,
-                                S.d_conv != kDynamic ? S.d_conv : 4, false, 3, 3});
+      for (bool fused : {false, true})  // the model's decode step fuses both
+        check_gdn_decode<S, Tag>({S.n_head_k_linear, S.n_head_v_linear, S.d_head_k_linear, S.d_head_v_linear,
+                                  S.d_conv != kDynamic ? S.d_conv : 4, false, 3, 3, fused, fused});
     } else {
       for (bool tiled : {false, true}) check_gdn_decode<S, Tag>({16, 32, 128, 128, 4, tiled, 2, 3});
       check_gdn_decode<S, Tag>({2, 6, 40, 70, 3, false, 70, 2});  // two launches of sequences
       check_gdn_decode<S, Tag>({1, 1, 17, 33, 1, true, 3, 2});    // no conv state
+      check_gdn_decode<S, Tag>({2, 6, 40, 70, 3, false, 70, 2, true, true});  // raw gates and the norm, two launches
+      check_gdn_decode<S, Tag>({16, 32, 128, 128, 4, false, 3, 2, false, true});
     }
   }
   std::vector<int> const dims = S.d_head != kDynamic ? std::vector<int>{S.d_head} : std::vector<int>{256, 128, 40};
@@ -625,6 +688,9 @@ void check_instance() {
         check_qk_norm_rope<S, Tag>({33, heads, d, rotary, false, kind, true});
       }
   check_qk_norm_rope<S, Tag>({300000, 2, dims.front(), dims.front() / 2, false, NormWeight::kPlain, false});
+  int const kv_heads = S.n_head_kv != kDynamic ? S.n_head_kv : 2;
+  for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{70}})
+    check_qk_norm_rope_keys<S, Tag>(tokens, heads, kv_heads, dims.front(), dims.front() / 4 / 2 * 2);
 
   std::vector<std::pair<int, int>> const routes = S.n_expert != kDynamic
                                                       ? std::vector<std::pair<int, int>>{{S.n_expert, S.n_expert_used}}

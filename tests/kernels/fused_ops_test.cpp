@@ -92,6 +92,62 @@ TEST_CASE("qk_norm_rope: strided heads, both weight kinds, static and generic d_
   CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
 }
 
+TEST_CASE("qk_norm_rope: queries and keys in one call are the two calls, bit for bit") {
+  // The model's shape: queries read out of [query | gate] rows, GQA keys normed in place.
+  int const n_tok = 5, n_head = 4, n_kv = 2, d_head = 32, rotary = 8;
+  auto qg = test::random_floats(static_cast<std::size_t>(n_tok * n_head * 2 * d_head), 41, -3, 3);
+  auto const k0 = test::random_floats(static_cast<std::size_t>(n_tok * n_kv * d_head), 42, -3, 3);
+  auto const wq = test::random_floats(static_cast<std::size_t>(d_head), 43, -0.5f, 1.5f);
+  auto const wk = test::random_floats(static_cast<std::size_t>(d_head), 44, -0.5f, 1.5f);
+  std::vector<std::int64_t> const pos{3, 4, 5, 900, 2};
+  auto args = [&](float* q, float* k) {
+    QkNormRopeArgs a{};
+    a.x = qg.data();
+    a.token_stride = std::int64_t{n_head} * 2 * d_head;
+    a.head_stride = 2 * d_head;
+    a.weight = wq.data();
+    a.y = q;
+    a.positions = pos.data();
+    a.n_tokens = n_tok;
+    a.n_head = n_head;
+    a.d_head = d_head;
+    a.rotary_dim = rotary;
+    a.theta = 1e6f;
+    a.keys = {k, std::int64_t{n_kv} * d_head, d_head, wk.data(), k, n_kv};
+    return a;
+  };
+  std::vector<float> q_one(static_cast<std::size_t>(n_tok * n_head * d_head)), k_one(k0), q_two(q_one), k_two(k0),
+      q_ref(q_one), k_ref(k0);
+  QkNormRopeArgs const both = args(q_one.data(), k_one.data());
+  REQUIRE(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, both) == Status::kSuccess);
+  QkNormRopeArgs q_alone = args(q_two.data(), k_two.data());
+  QkNormRopeArgs const k_alone = q_alone.keys_call();
+  q_alone.keys = {};
+  REQUIRE(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, q_alone) == Status::kSuccess);
+  REQUIRE(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, k_alone) == Status::kSuccess);
+  CHECK(q_one == q_two);
+  CHECK(k_one == k_two);
+  CHECK(k_one != k0);  // the keys were normed
+  ref::qk_norm_rope(args(q_ref.data(), k_ref.data()));
+  auto const rq = all_close<float, float>(q_one, q_ref, Tolerance{5e-4, 1e-5});
+  CHECK_MESSAGE(rq.ok, rq.report);
+  auto const rk = all_close<float, float>(k_one, k_ref, Tolerance{5e-4, 1e-5});
+  CHECK_MESSAGE(rk.ok, rk.report);
+  // Refused: the sets' outputs meet, one writes the other's input, or the keys' own shape is bad.
+  auto refused = [&](auto edit) {
+    QkNormRopeArgs a = args(q_two.data(), k_two.data());
+    edit(a);
+    return launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem;
+  };
+  CHECK(refused([&](QkNormRopeArgs& a) { a.keys.y = a.y; }));
+  CHECK(refused([&](QkNormRopeArgs& a) { a.y = a.keys.y; a.keys.y = q_one.data(); }));  // q written over k's input
+  CHECK(refused([&](QkNormRopeArgs& a) { a.keys.n_head = 0; }));
+  CHECK(refused([&](QkNormRopeArgs& a) { a.keys.head_stride = 16; }));  // narrower than d_head
+  CHECK(refused([&](QkNormRopeArgs& a) { a.keys.weight = nullptr; }));
+  CHECK(refused([&](QkNormRopeArgs& a) { a.keys.y = a.y + d_head; a.keys.x = a.keys.y; }));  // inside q's output
+  CHECK(refused([&](QkNormRopeArgs& a) { a.keys.y = qg.data() + 3 * d_head; a.keys.x = a.keys.y; }));  // in q's input
+}
+
 TEST_CASE("gdn_gates: sigmoid and softplus decay equal the fp64 reference, every ISA path") {
   int const n_tok = 9, hv = 8;
   auto b = test::random_floats(static_cast<std::size_t>(n_tok * hv), 31, -30, 30);

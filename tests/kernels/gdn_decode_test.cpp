@@ -1,7 +1,9 @@
 // kernels/gdn_decode on the CPU, every ISA path: several sequences' decode step against the fp64
 // references of the ops it fuses (ref::gdn_decode), and against those ops' CPU kernels
 // (causal_conv1d, then gated_delta's recurrent form per sequence) bit for bit: it runs their
-// arithmetic in their order. Rows the call does not name stay untouched.
+// arithmetic in their order. Each also with raw gates, which go through gdn_gates first, and
+// with the output norm, gated_rmsnorm after (bit for bit their CPU kernels). Rows the call does
+// not name stay untouched.
 //
 // Tolerances against the fp64 reference (|y - ref| <= atol + rtol |ref|): gated_delta_test's
 // kDeltaTol {5e-6, 5e-5} for the outputs and states (one recurrent step of O(1) terms); the
@@ -19,6 +21,8 @@
 #include "qflash/kernels/gated_delta/cpu.hpp"
 #include "qflash/kernels/gdn_decode/cpu.hpp"
 #include "qflash/kernels/gdn_decode/ref.hpp"
+#include "qflash/kernels/gated_rmsnorm/cpu.hpp"
+#include "qflash/kernels/gdn_gates/cpu.hpp"
 #include "qflash/spec/presets.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
@@ -50,8 +54,11 @@ struct Problem {
   std::int64_t cd;
   std::vector<float> x, w, g, beta, conv_out, out;
   std::vector<std::vector<float>> conv_state, state;
+  bool raw_gates = false;  ///< g and beta hold a and b; the op turns them into the gates
+  bool norm = false;       ///< the op norms out (gated_rmsnorm with z and norm_w)
+  std::vector<float> dt_bias, neg_a, z, norm_w;
 
-  Problem(Shape s, std::uint64_t seed)
+  Problem(Shape s, std::uint64_t seed, bool raw = false, bool with_norm = false)
       : sh(std::move(s)),
         cd(2 * std::int64_t{sh.n_head_k} * sh.d_k + std::int64_t{sh.n_head_v} * sh.d_v),
         x(test::random_floats(static_cast<std::size_t>(sh.n_tokens * cd), seed + 1)),
@@ -59,7 +66,18 @@ struct Problem {
         g(test::random_floats(static_cast<std::size_t>(sh.n_tokens * sh.n_head_v), seed + 3, -0.5f, 0.0f)),
         beta(test::random_floats(static_cast<std::size_t>(sh.n_tokens * sh.n_head_v), seed + 4, 0.0f, 1.0f)),
         conv_out(static_cast<std::size_t>(sh.n_tokens * cd), -999.0f),
-        out(static_cast<std::size_t>(sh.n_tokens * sh.n_head_v * sh.d_v), -999.0f) {
+        out(static_cast<std::size_t>(sh.n_tokens * sh.n_head_v * sh.d_v), -999.0f),
+        raw_gates(raw),
+        dt_bias(test::random_floats(static_cast<std::size_t>(sh.n_head_v), seed + 5, -1.0f, 1.0f)),
+        neg_a(test::random_floats(static_cast<std::size_t>(sh.n_head_v), seed + 6, -2.0f, -0.1f)),
+        z(test::random_floats(static_cast<std::size_t>(sh.n_tokens * sh.n_head_v * sh.d_v), seed + 7, -4.0f, 4.0f)),
+        norm_w(test::random_floats(static_cast<std::size_t>(sh.d_v), seed + 8, 0.5f, 1.5f)) {
+    norm = with_norm;
+    if (raw_gates) {  // a and b as the projections give them, either sign; softplus's linear tail too
+      g = test::random_floats(g.size(), seed + 3, -6.0f, 6.0f);
+      beta = test::random_floats(beta.size(), seed + 4, -4.0f, 4.0f);
+      g[0] = 25.0f;
+    }
     for (std::size_t i = 0; i < sh.rows.size(); ++i) {
       conv_state.push_back(test::random_floats(static_cast<std::size_t>(cd * (sh.d_conv - 1)), seed + 10 + i));
       state.push_back(test::random_floats(static_cast<std::size_t>(sh.n_head_v) * sh.d_k * sh.d_v, seed + 40 + i,
@@ -90,6 +108,8 @@ struct Problem {
     a.d_v = sh.d_v;
     a.d_conv = sh.d_conv;
     a.tiled_value_heads = sh.tiled;
+    if (raw_gates) a.dt_bias = dt_bias.data(), a.neg_a = neg_a.data();
+    if (norm) a.norm_weight = norm_w.data(), a.z = z.data(), a.norm_eps = 1e-6f;
     return a;
   }
 };
@@ -111,6 +131,11 @@ Problem separate(Problem p, CpuIsa isa) {
   std::int64_t const key_dim = std::int64_t{p.sh.n_head_k} * p.sh.d_k;
   for (std::size_t i = 0; i < p.sh.rows.size(); ++i) {
     std::int64_t const r = p.sh.rows[i];
+    if (p.raw_gates) {
+      GdnGatesArgs const ga{p.beta.data() + r * p.sh.n_head_v, p.g.data() + r * p.sh.n_head_v, p.dt_bias.data(),
+                            p.neg_a.data(), 1, p.sh.n_head_v};
+      REQUIRE(cpu::gdn_gates<kDynamic>(isa, ga) == Status::kSuccess);
+    }
     CausalConv1dArgs c{};
     c.x = p.x.data() + r * p.cd;
     c.weight = p.w.data();
@@ -136,6 +161,11 @@ Problem separate(Problem p, CpuIsa isa) {
     d.d_v = p.sh.d_v;
     d.tiled_value_heads = p.sh.tiled;
     REQUIRE(cpu::gated_delta(isa, d, DeltaRuleForm::kRecurrent) == Status::kSuccess);
+    if (p.norm) {
+      std::int64_t const at = r * p.sh.n_head_v * p.sh.d_v;
+      GatedRmsNormArgs const n{d.out, p.z.data() + at, p.norm_w.data(), d.out, p.sh.n_head_v, p.sh.d_v, 1e-6f};
+      REQUIRE(cpu::gated_rmsnorm(isa, n) == Status::kSuccess);
+    }
   }
   return p;
 }
@@ -147,6 +177,8 @@ void check_close(Problem const& got, Problem const& want) {
   };
   close(got.out, want.out, kDeltaTol, "out");
   close(got.conv_out, want.conv_out, kConvTol, "conv_out");
+  close(got.g, want.g, kConvTol, "g");  // raw gates: softplus and sigmoid in fp32
+  close(got.beta, want.beta, kConvTol, "beta");
   for (std::size_t i = 0; i < got.state.size(); ++i) {
     close(got.state[i], want.state[i], kDeltaTol, "state");
     close(got.conv_state[i], want.conv_state[i], Tolerance{0, 0}, "conv state");
@@ -156,6 +188,8 @@ void check_close(Problem const& got, Problem const& want) {
 void check_equal(Problem const& got, Problem const& want) {
   CHECK(got.out == want.out);
   CHECK(got.conv_out == want.conv_out);
+  CHECK(got.g == want.g);
+  CHECK(got.beta == want.beta);
   CHECK(got.state == want.state);
   CHECK(got.conv_state == want.conv_state);
 }
@@ -175,35 +209,42 @@ std::vector<Shape> shapes() {
 
 TEST_CASE("gdn_decode: several sequences' decode step equals the fp64 references, every ISA path") {
   std::uint64_t seed = 100;
-  for (Shape const& sh : shapes()) {
-    Problem const p(sh, seed += 100);
-    Problem const want = reference(p);
-    for (CpuIsa isa : kPaths) {
-      if (!supported(isa)) continue;
-      CAPTURE(static_cast<int>(isa));
-      CAPTURE(sh.d_k);
-      CAPTURE(sh.rows.size());
-      check_close(fused(p, isa), want);
-    }
-  }
+  for (Shape const& sh : shapes())
+    for (bool raw : {false, true})
+      for (bool norm : {false, true}) {
+        Problem const p(sh, seed += 100, raw, norm);
+        Problem const want = reference(p);
+        for (CpuIsa isa : kPaths) {
+          if (!supported(isa)) continue;
+          CAPTURE(static_cast<int>(isa));
+          CAPTURE(sh.d_k);
+          CAPTURE(sh.rows.size());
+          CAPTURE(raw);
+          CAPTURE(norm);
+          check_close(fused(p, isa), want);
+        }
+      }
 }
 
 TEST_CASE("gdn_decode: bit for bit the ops it fuses, causal_conv1d then gated_delta per sequence") {
   std::uint64_t seed = 7;
-  for (Shape const& sh : shapes()) {
-    Problem const p(sh, seed += 100);
-    for (CpuIsa isa : kPaths) {
-      if (!supported(isa)) continue;
-      CAPTURE(static_cast<int>(isa));
-      CAPTURE(sh.d_k);
-      Problem const got = fused(p, isa);
-      check_equal(got, separate(p, isa));
-      // Rows no sequence names keep what they held.
-      for (std::int64_t r = 0; r < sh.n_tokens; ++r)
-        if (std::find(sh.rows.begin(), sh.rows.end(), r) == sh.rows.end())
-          CHECK(got.out[static_cast<std::size_t>(r * sh.n_head_v * sh.d_v)] == -999.0f);
+  for (Shape const& sh : shapes())
+    for (auto [raw, norm] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+      Problem const p(sh, seed += 100, raw, norm);
+      for (CpuIsa isa : kPaths) {
+        if (!supported(isa)) continue;
+        CAPTURE(static_cast<int>(isa));
+        CAPTURE(sh.d_k);
+        CAPTURE(raw);
+        CAPTURE(norm);
+        Problem const got = fused(p, isa);
+        check_equal(got, separate(p, isa));
+        // Rows no sequence names keep what they held.
+        for (std::int64_t r = 0; r < sh.n_tokens; ++r)
+          if (std::find(sh.rows.begin(), sh.rows.end(), r) == sh.rows.end())
+            CHECK(got.out[static_cast<std::size_t>(r * sh.n_head_v * sh.d_v)] == -999.0f);
+      }
     }
-  }
 }
 
 TEST_CASE("gdn_decode: the launcher follows arch::cpu_isa(); no sequences is nothing to do; bad arguments") {
@@ -230,6 +271,11 @@ TEST_CASE("gdn_decode: the launcher follows arch::cpu_isa(); no sequences is not
   CHECK(refused([](GdnDecodeArgs& b) { b.conv_state = nullptr; }));
   CHECK(refused([](GdnDecodeArgs& b) { b.out = b.conv_out; }));
   CHECK(refused([](GdnDecodeArgs& b) { b.n_seqs = -1; }));
+  CHECK(refused([&](GdnDecodeArgs& b) { b.dt_bias = q.dt_bias.data(); }));  // raw gates without neg_a
+  CHECK(refused([&](GdnDecodeArgs& b) { b.dt_bias = q.dt_bias.data(), b.neg_a = q.neg_a.data(), b.beta = b.g; }));
+  CHECK(refused([&](GdnDecodeArgs& b) { b.norm_weight = q.norm_w.data(); }));  // the norm without z
+  CHECK(refused([&](GdnDecodeArgs& b) { b.norm_weight = q.norm_w.data(), b.z = b.out; }));
+  CHECK(refused([&](GdnDecodeArgs& b) { b.norm_weight = q.norm_w.data(), b.z = b.out + 1; }));  // overlapping
   // A static spec takes its own shapes only.
   CHECK(launch_gdn_decode<spec::qwen3_6_35b_a3b>(arch::Cpu{}, q.args(c, s)) == Status::kErrorInvalidProblem);
 }

@@ -808,6 +808,21 @@ TEST_CASE("expert_ffn: grouped experts equal the per-pair reference, in every we
       REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);  // the launcher: cpu_isa()
       auto const r = all_close<float, float>(out, ref_out, Tolerance{5e-5, 1e-5});
       CHECK_MESSAGE(r.ok, r.report);
+      // Not accumulating: out is written whatever it held (NaN here), as if added to zeros.
+      std::vector<float> from_zeros(out.size(), 0.0f);
+      a.out = from_zeros.data();
+      REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+      std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+      a.out = out.data();
+      a.accumulate = false;
+      REQUIRE(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);
+      CHECK(out == from_zeros);
+      std::vector<float> ref_written(out.size(), std::numeric_limits<float>::quiet_NaN());
+      a.out = ref_written.data();
+      ref::expert_ffn(a);
+      auto const rw = all_close<float, float>(ref_written, out, Tolerance{5e-5, 1e-5});
+      CHECK_MESSAGE(rw.ok, rw.report);
+      a.accumulate = true;
       c.routes[0] = n_expert;
       CHECK(launch_expert_ffn<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
     }

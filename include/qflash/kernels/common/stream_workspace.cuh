@@ -70,7 +70,7 @@ inline void* stream_workspace(cudaStream_t stream, std::size_t bytes) {
 /// themselves (the last one to finish does the rest). Stream order gives each launch the
 /// counters alone; a kernel leaves the one it used at zero. Null when they must be made while
 /// the stream is being captured, or the allocation failed.
-inline constexpr int kStreamCounters = 32;
+inline constexpr int kStreamCounters = 4096;
 inline unsigned* stream_counters(cudaStream_t stream) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return nullptr;

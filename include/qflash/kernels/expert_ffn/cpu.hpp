@@ -195,6 +195,8 @@ Status expert_ffn(arch::CpuIsa isa, ExpertFfnArgs const& a) {
     }
   }
 
+  if (!a.accumulate) std::fill_n(a.out, a.n_tokens * d_model, 0.0f);
+
   // The shared expert's d_ff may differ: scratch rows are d_ff_max wide.
   std::int64_t d_ff_max = 0;
   bool needs_xq[kActBlockKinds] = {};

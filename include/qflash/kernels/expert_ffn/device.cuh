@@ -19,6 +19,9 @@
 /// parts), block formats on linear/mma_blocks.cuh's (the inputs quantized to codes).
 /// Each row's sums do not depend on which rows share its tile, so results are deterministic
 /// though the rows within an expert come in the order atomics give them.
+/// One token (a decode step) skips step 1: its rows follow its route slots (Tiles), and down
+/// and combine run as one launch (down_combine_kernel), a warp per slot; so a step without
+/// block formats is two launches. Not with LoRA, nor with a shared expert that needs its own.
 /// Tokens with LoRA updates (token_lora) take the same passes with gate and up unfused, each
 /// into its own rows; beside each projection, u = A x and then y += B u for the pair rows whose
 /// token has an update (lora_a_kernel, lora_b_kernel); SwiGLU then runs on its own.
@@ -67,14 +70,32 @@ inline constexpr int kNoRow = -2;
 /// Rows per tile of the tensor-core passes (one m-tile of linear/mma.cuh).
 inline constexpr int kMmaTileRows = linear_cuda::mma::Tile<1>::kBlockM;
 
-/// A pass's tiles of at most tile_rows rows: the device list (its length at *tile_count), or,
-/// when null, dense_rows rows of expert 0 from row 0 (the shared expert's own launches).
-__device__ __forceinline__ int tile_total(Tile const* tiles, int const* tile_count, int dense_rows, int tile_rows) {
-  return tiles ? *tile_count : (dense_rows + tile_rows - 1) / tile_rows;
-}
-__device__ __forceinline__ Tile tile_at(Tile const* tiles, int dense_rows, int tile_rows, int i) {
-  return tiles ? tiles[i] : Tile{0, i * tile_rows, min(tile_rows, dense_rows - i * tile_rows)};
-}
+/// Where a pass finds its tiles of at most tile_rows rows:
+///  - a device list grouped by expert (`list`: group_kernel's, its length at *count);
+///  - else, without `routes`: dense_rows rows of expert 0 from row 0 (the shared expert's own
+///    launches);
+///  - else one token's route slots as they come, with no grouping launch: the shared expert's
+///    row first when shared_rows is 1 (expert -1), then row shared_rows + s for slot s, a tile
+///    of one row (of none when the slot has no expert).
+struct Tiles {
+  Tile const* list;
+  int const* count;
+  int dense_rows;
+  std::int32_t const* routes;
+  int n_slots, n_expert, shared_rows;
+
+  __device__ int total(int tile_rows) const {
+    if (list) return *count;
+    return routes ? shared_rows + n_slots : (dense_rows + tile_rows - 1) / tile_rows;
+  }
+  __device__ Tile at(int i, int tile_rows) const {
+    if (list) return list[i];
+    if (!routes) return {0, i * tile_rows, min(tile_rows, dense_rows - i * tile_rows)};
+    if (i < shared_rows) return {-1, i, 1};
+    std::int32_t const e = routes[i - shared_rows];
+    return {e, i, e >= 0 && e < n_expert ? 1 : 0};
+  }
+};
 
 /// Step 1. Rows [0, shared_rows) are the shared expert's (row t: token t); routed rows start
 /// at shared_rows, grouped by expert in id order, in tiles of at most tile_rows.
@@ -146,12 +167,9 @@ struct ProjectParams {
   StackedView up;  ///< kGateUp: up
   /// The shared expert's w and up, for tiles of expert -1 (same format and shape as w, up).
   StackedView shared_w, shared_up;
-  /// The tiles: a device list (its length at *tile_count), or, when null, dense_rows rows of
-  /// expert 0 from row 0 (the shared expert).
-  Tile const* tiles;
-  int const* tile_count;
-  int dense_rows;
+  Tiles tiles;
   int const* row_token;  ///< x's row of each pair row; null: the pair row itself
+  bool single_x;         ///< x is one row, read for every pair row (one token's gate and up)
   float const* x;        ///< [.., xs] the projection's input
   std::int64_t xs;
   linear_cuda::Codes8 codes;  ///< block formats: x as codes (rows as x's)
@@ -171,14 +189,15 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
   std::int64_t const rows = p.w.first.rows;
   std::int64_t const o0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kOut;
   if (o0 >= rows) return;
-  int const n_tiles = tile_total(p.tiles, p.tile_count, p.dense_rows, kTokens);
+  int const n_tiles = p.tiles.total(kTokens);
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
-    Tile const tile = tile_at(p.tiles, p.dense_rows, kTokens, i);
+    Tile const tile = p.tiles.at(i, kTokens);
+    if (tile.n == 0) continue;
     std::int64_t x_row[kTokens];
 #pragma unroll
     for (int tt = 0; tt < kTokens; ++tt) {
       int const row = tile.row + (tt < tile.n ? tt : 0);
-      x_row[tt] = p.row_token ? p.row_token[row] : row;
+      x_row[tt] = p.single_x ? 0 : p.row_token ? p.row_token[row] : row;
     }
     bool const is_shared = tile.expert < 0;
     int const e = is_shared ? 0 : tile.expert;
@@ -227,9 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
 struct MmaParams {
   StackedView w[2];         ///< gate and up, or down: one format and shape
   StackedView shared_w[2];  ///< the shared expert's, for tiles of expert -1 (w's format and shape)
-  Tile const* tiles;        ///< as ProjectParams::tiles
-  int const* tile_count;
-  int dense_rows;
+  Tiles tiles;              ///< a list or dense, never by slot
   int const* row_token;  ///< the inputs' row of each pair row; null: the pair row less act_row0
   std::int64_t act_row0;
   std::uint16_t const* parts;  ///< bf16, fp8: [mma::kParts][input rows][k] bf16
@@ -251,9 +268,9 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads, 1) expert_mma_kern
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   std::int64_t const rows = p.w[0].first.rows, k = p.w[0].first.cols;
   std::int64_t const n0 = static_cast<std::int64_t>(blockIdx.x) * mma::kBlockN;
-  int const n_tiles = tile_total(p.tiles, p.tile_count, p.dense_rows, kMmaTileRows);
+  int const n_tiles = p.tiles.total(kMmaTileRows);
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
-    Tile const tile = tile_at(p.tiles, p.dense_rows, kMmaTileRows, i);
+    Tile const tile = p.tiles.at(i, kMmaTileRows);
     bool const is_shared = tile.expert < 0;
     WeightView w[kMats];
 #pragma unroll
@@ -413,21 +430,87 @@ inline unsigned blocks_for(std::int64_t n) {
   return static_cast<unsigned>(std::clamp<std::int64_t>((n + kThreads - 1) / kThreads, 1, 1 << 16));
 }
 
-/// Step 5: one thread per output value.
+/// Step 5: one thread per output value (added to out, or written when not accumulate).
 template <class Arch>
 __global__ void __launch_bounds__(kThreads)
-    combine_kernel(float* out, float const* y, std::int64_t d_model, std::int64_t n_tokens, int const* slot_row,
-                   float const* route_weights, int n_expert_used, float const* shared_weights) {
+    combine_kernel(float* out, bool accumulate, float const* y, std::int64_t d_model, std::int64_t n_tokens,
+                   int const* slot_row, float const* route_weights, int n_expert_used, float const* shared_weights) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n_tokens * d_model;
        i += static_cast<std::int64_t>(gridDim.x) * kThreads) {
     std::int64_t const t = i / d_model, o = i % d_model;
-    float v = out[i];
+    float v = accumulate ? out[i] : 0.0f;
     for (int j = 0; j < n_expert_used; ++j)
       if (int const row = slot_row[t * n_expert_used + j]; row >= 0)
         v += route_weights[t * n_expert_used + j] * y[row * d_model + o];
     if (shared_weights) v += shared_weights[t] * y[t * d_model + o];
     out[i] = v;
   }
+}
+
+/// Steps 4 and 5 in one launch for one token's rows by slot (Tiles): out += each route slot's
+/// weight times its down projection, in slot order, then the shared expert's, summed as
+/// combine_kernel sums them. A CTA owns rows_per_warp(kDown) output rows; its warp j reads slot
+/// j's expert (warp n_slots the shared expert) and leaves its rows in shared memory, then a
+/// thread per row adds them up. The shared expert has the routed experts' format and shape.
+inline constexpr int kMaxCombineWarps = 16;
+
+struct DownCombineParams {
+  StackedView w;               ///< the routed experts' down
+  StackedView shared_w;        ///< the shared expert's; no data: none
+  std::int32_t const* routes;  ///< [n_slots]
+  float const* route_weights;  ///< [n_slots]
+  float const* shared_weight;  ///< [1]
+  int n_slots, n_expert;
+  float const* x;  ///< the SwiGLU outputs, a row per Tiles row (the shared expert's first)
+  std::int64_t xs;
+  linear_cuda::Codes8 codes;  ///< block formats: x as codes
+  float* out;                 ///< [d_model], added to (accumulate) or written
+  bool accumulate;
+};
+
+/// Grid: x output rows by rows_per_warp(kDown); n_slots + 1 warps (n_slots without a shared expert).
+template <class Arch, WeightFormat kF, bool kAligned>
+__global__ void __launch_bounds__(32 * kMaxCombineWarps) down_combine_kernel(DownCombineParams const p) {
+  constexpr int kOut = rows_per_warp(Pass::kDown);
+  __shared__ float part[kMaxCombineWarps][kOut];
+  int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  int const shared_rows = p.shared_w.first.data ? 1 : 0;
+  std::int64_t const rows = p.w.first.rows;
+  std::int64_t const o0 = static_cast<std::int64_t>(blockIdx.x) * kOut;
+  auto const used = [&](std::int32_t e) { return e >= 0 && e < p.n_expert; };
+  bool const is_shared = warp == p.n_slots;
+  std::int32_t const e = is_shared ? 0 : p.routes[warp];
+  if (is_shared || used(e)) {  // the whole warp
+    WeightView const w = is_shared ? p.shared_w.at(0) : p.w.at(e);
+    std::int64_t const row = is_shared ? 0 : shared_rows + warp;
+    linear_cuda::RowRef const w_rows[kOut] = {linear_cuda::row_ref<kF>(w, o0),
+                                              linear_cuda::row_ref<kF>(w, min(o0 + 1, rows - 1))};
+    float acc[kOut][kTokens] = {};
+    if constexpr (linear_cuda::reads_codes(kF)) {
+      std::int64_t x_row[kTokens];
+#pragma unroll
+      for (int tt = 0; tt < kTokens; ++tt) x_row[tt] = row;
+      linear_cuda::lane_dot_codes<kF>(w_rows, p.codes, x_row, 1, lane, acc);
+    } else {
+      float const* x[kTokens];
+#pragma unroll
+      for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + row * p.xs;
+      linear_cuda::lane_dot<kF, kAligned>(w_rows, w.cols, x, 1, lane, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < kOut; ++r) {
+      float const a = cuda::warp_sum(acc[r][0]);
+      if (lane == 0) part[warp][r] = a;
+    }
+  }
+  __syncthreads();
+  int const r = static_cast<int>(threadIdx.x);
+  if (r >= kOut || o0 + r >= rows) return;
+  float v = p.accumulate ? p.out[o0 + r] : 0.0f;
+  for (int j = 0; j < p.n_slots; ++j)
+    if (used(p.routes[j])) v += p.route_weights[j] * part[j][r];
+  if (shared_rows) v += *p.shared_weight * part[p.n_slots][r];
+  p.out[o0 + r] = v;
 }
 
 /// Pieces of the stream's workspace (common/stream_workspace.cuh), each 256-byte aligned:
@@ -479,6 +562,28 @@ Status project(Pass pass, ProjectParams const& p, std::int64_t max_tiles, cudaSt
     if constexpr (block_values(kF) == 1)
       if (vec) return go.template operator()<true>();
     return go.template operator()<false>();
+  });
+}
+
+/// Launches down_combine_kernel for p's format.
+template <class Arch, MoeSpec S>
+Status down_combine(DownCombineParams const& p, cudaStream_t stream) {
+  constexpr int kOut = rows_per_warp(Pass::kDown);
+  bool const has_shared = p.shared_w.first.data != nullptr;
+  unsigned const blocks = static_cast<unsigned>((p.w.first.rows + kOut - 1) / kOut);
+  unsigned const threads = 32u * static_cast<unsigned>(p.n_slots + (has_shared ? 1 : 0));
+  auto vector_path = [&](StackedView const& w) {
+    return linear_cuda::vector_path(w.first, p.x, p.xs) && w.data_stride % 16 == 0;
+  };
+  bool const vec = vector_path(p.w) && (!has_shared || vector_path(p.shared_w));
+  return linear_cuda::with_format<S>(p.w.first.format, [&]<WeightFormat kF>() {
+    if constexpr (block_values(kF) == 1)
+      if (vec) {
+        down_combine_kernel<Arch, kF, true><<<blocks, threads, 0, stream>>>(p);
+        return cuda::last_launch_status();
+      }
+    down_combine_kernel<Arch, kF, false><<<blocks, threads, 0, stream>>>(p);
+    return cuda::last_launch_status();
   });
 }
 
@@ -584,6 +689,10 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
                         mma_ready(set->up) && mma_ready(set->down));
       });
   int const tile_rows = use_mma ? kMmaTileRows : kTokens;
+  // One token (decode) takes its rows by slot (Tiles), with no grouping launch, and down and
+  // combine in one launch, when one set of passes serves the shared expert too.
+  bool const by_slot = a.n_tokens == 1 && !lora && !use_mma && (!shared || merged) &&
+                       a.n_expert_used + (shared ? 1 : 0) <= kMaxCombineWarps;
   std::int64_t const max_tiles = (n_slots + tile_rows - 1) / tile_rows + std::min(n_expert, n_slots);
   std::int64_t const shared_tiles = (shared_rows + tile_rows - 1) / tile_rows;
   struct Group {
@@ -595,10 +704,10 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   std::array<Group, 2> groups{};
   int n_groups = 0;
   if (merged) {
-    groups[n_groups++] = {&routed, &*shared, true, 0, rows, max_tiles + shared_tiles};
+    groups[n_groups++] = {&routed, &*shared, true, 0, rows, by_slot ? rows : max_tiles + shared_tiles};
   } else {
     if (shared) groups[n_groups++] = {&*shared, nullptr, false, 0, shared_rows, shared_tiles};
-    groups[n_groups++] = {&routed, nullptr, true, shared_rows, n_slots, max_tiles};
+    groups[n_groups++] = {&routed, nullptr, true, shared_rows, n_slots, by_slot ? n_slots : max_tiles};
   }
 
   // Workspace: the grouping, the tokens rounded per rounding, SwiGLU outputs (and rounded),
@@ -654,10 +763,19 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     if (Rounding const r = linear_cuda::rounding(f); r != Rounding::kNone) p.codes = codes_in(at, r, n_rows, cols);
   };
 
+  // A group's tiles: by slot, from the group_kernel's list, or dense.
+  auto tiles_of = [&](Group const& g) {
+    if (by_slot)
+      return Tiles{nullptr, nullptr, 0, a.routes, static_cast<int>(n_slots), static_cast<int>(n_expert),
+                   static_cast<int>(shared_rows)};
+    return Tiles{g.listed ? tiles : nullptr, tile_count, static_cast<int>(g.rows), nullptr, 0, 0, 0};
+  };
+
   // 5. Combine.
   auto combine = [&]() -> Status {
     combine_kernel<Arch><<<blocks_for(a.n_tokens * d_model), kThreads, 0, stream>>>(
-        a.out, y, d_model, a.n_tokens, slot_row, a.route_weights, a.n_expert_used, shared ? a.shared_weights : nullptr);
+        a.out, a.accumulate, y, d_model, a.n_tokens, slot_row, a.route_weights, a.n_expert_used,
+        shared ? a.shared_weights : nullptr);
     return cuda::last_launch_status();
   };
   // LoRA: out (n_out columns, ys apart) += B (A x) of projection `which` for every pair row whose
@@ -711,9 +829,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     };
     auto group_params = [&](Group const& g) {
       MmaParams p{};
-      p.tiles = g.listed ? tiles : nullptr;
-      p.tile_count = tile_count;
-      p.dense_rows = static_cast<int>(g.rows);
+      p.tiles = tiles_of(g);
       return p;
     };
     for (int gi = 0; gi < n_groups; ++gi) {
@@ -767,9 +883,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
           return st;
     auto group_params = [&](Group const& g) {
       ProjectParams p{};
-      p.tiles = g.listed ? tiles : nullptr;
-      p.tile_count = tile_count;
-      p.dense_rows = static_cast<int>(g.rows);
+      p.tiles = tiles_of(g);
       return p;
     };
     // 3. Gate and up, per group.
@@ -777,7 +891,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       Group const& g = groups[gi];
       Set const* const set = g.set;
       ProjectParams p = group_params(g);
-      p.row_token = row_token;
+      p.row_token = row_token, p.single_x = by_slot;
       p.y = act;
       p.ys = d_ff_max;
       WeightFormat const gf = set->gate.first.format, uf = set->up.first.format;
@@ -817,17 +931,25 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       p.w = set->down;
       if (g.shared) p.shared_w = g.shared->down;
       input(p, act_r_at, df, act, d_ff_max, rows, d_ff);
+      if (by_slot) {  // and combine
+        DownCombineParams const dc{p.w, p.shared_w, a.routes, a.route_weights, a.shared_weights,
+                                   static_cast<int>(n_slots), static_cast<int>(n_expert), p.x, p.xs, p.codes, a.out,
+                                   a.accumulate};
+        return down_combine<Arch, S>(dc, stream);
+      }
       p.y = y, p.ys = d_model;
       if (Status st = project<Arch, S>(Pass::kDown, p, g.tiles, stream); st != Status::kSuccess) return st;
     }
     return Status::kSuccess;
   };
 
-  // 1. Grouping; 2 to 4; down's LoRA updates; 5. combine.
-  group_kernel<Arch><<<1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream>>>(
-      a.routes, static_cast<int>(n_slots), a.n_expert_used, static_cast<int>(n_expert), static_cast<int>(shared_rows),
-      merged, tile_rows, tiles, tile_count, row_token, slot_row, row_expert);
-  if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+  // 1. Grouping (not by slot); 2 to 4; down's LoRA updates; 5. combine (by slot: with down).
+  if (!by_slot) {
+    group_kernel<Arch><<<1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream>>>(
+        a.routes, static_cast<int>(n_slots), a.n_expert_used, static_cast<int>(n_expert),
+        static_cast<int>(shared_rows), merged, tile_rows, tiles, tile_count, row_token, slot_row, row_expert);
+    if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
+  }
   // Unused routed rows stay zero: block formats' down quantizes every row of its group (other
   // formats read only the rows of tiles), and LoRA's SwiGLU runs over every row.
   for (float* rows_of : {act, act_up})
@@ -835,6 +957,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       if (cudaMemsetAsync(rows_of, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
         return Status::kErrorCuda;
   if (Status st = use_mma ? run_mma() : run_gemv(); st != Status::kSuccess) return st;
+  if (by_slot) return Status::kSuccess;
   if (lora)
     if (Status st = add_lora(Proj::kDown, act, d_ff_max, false, y, d_model, d_model); st != Status::kSuccess) return st;
   return combine();

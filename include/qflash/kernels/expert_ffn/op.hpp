@@ -45,6 +45,9 @@ struct ExpertFfnArgs {
   /// Gate, up and SwiGLU in one pass per block of expert rows; false: each its own pass over
   /// every expert (fusion::SwiGluSeparate, for comparison). Same math either way.
   bool fused_swiglu = true;
+  /// out += the experts' weighted sum; false: out = it (out's values before are not read, so
+  /// a caller need not clear it: on CUDA the combine writes instead of adding).
+  bool accumulate = true;
   /// [n_tokens] each token's adapter (null entries: none), or null for no token: its updates
   /// run beside gate, up and down, g = Gate x + B_g (A_g x) and so on.
   ExpertLora const* const* token_lora = nullptr;

@@ -65,6 +65,7 @@ inline void expert_pair(ExpertWeights const& e, float const* x_in, double weight
 
 inline void expert_ffn(ExpertFfnArgs const& a) {
   std::int64_t const d_model = a.experts[0].gate.cols;
+  if (!a.accumulate) std::fill_n(a.out, a.n_tokens * d_model, 0.0f);
   for (std::int64_t t = 0; t < a.n_tokens; ++t) {
     ExpertLora const* l = a.token_lora ? a.token_lora[t] : nullptr;
     auto routed = [&](std::span<LowRank const> d, std::int32_t e) { return d.empty() ? LowRank{} : d[static_cast<std::size_t>(e)]; };

@@ -6,7 +6,9 @@
 /// time. Items own disjoint channels and state, so nothing is shared between threads.
 ///
 /// The arithmetic is kernels/causal_conv1d's and kernels/gated_delta's for one token: their own
-/// one-token conv and row kernels, so the results are theirs bit for bit.
+/// one-token conv and row kernels, so the results are theirs bit for bit. Raw gates go through
+/// kernels/gdn_gates' own kernel first, and the output norm through kernels/gated_rmsnorm's
+/// after, a row at a time.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +18,8 @@
 #include "qflash/arch/cpu_features.hpp"
 #include "qflash/kernels/causal_conv1d/cpu.hpp"
 #include "qflash/kernels/gated_delta/cpu.hpp"
+#include "qflash/kernels/gated_rmsnorm/cpu.hpp"
+#include "qflash/kernels/gdn_gates/cpu.hpp"
 #include "qflash/kernels/gdn_decode/op.hpp"
 
 namespace qflash::kernels::cpu {
@@ -85,6 +89,9 @@ inline Status gdn_decode(arch::CpuIsa isa, GdnDecodeArgs const& a) {
   namespace d = gdn_decode_detail;
   if (Status s = can_implement_gdn_decode<MoeSpec{}>(a); s != Status::kSuccess) return s;
   if (a.n_seqs == 0) return Status::kSuccess;
+  if (a.dt_bias)
+    for (int i = 0; i < a.n_seqs; ++i)
+      if (Status s = gdn_gates<kDynamic>(isa, a.gates_args(a.rows[i])); s != Status::kSuccess) return s;
   gated_delta_detail::RowKernels const rk = gated_delta_detail::row_kernels(isa);
   d::ConvTokenFn const conv_token = causal_conv1d_detail::conv_token_fn(isa);
   std::int64_t const hk = a.n_head_k;
@@ -93,6 +100,9 @@ inline Status gdn_decode(arch::CpuIsa isa, GdnDecodeArgs const& a) {
                                       d::decode_item(a, rk, conv_token, static_cast<int>(item / hk),
                                                      static_cast<int>(item % hk), buf);
                                     });
+  if (a.norm_weight)
+    for (int i = 0; i < a.n_seqs; ++i)
+      if (Status s = gated_rmsnorm(isa, a.norm_args(a.rows[i])); s != Status::kSuccess) return s;
   return Status::kSuccess;
 }
 

@@ -16,16 +16,19 @@ namespace qflash::kernels::gdn_gates_cuda {
 inline constexpr int kThreads = 256;
 inline constexpr std::int64_t kMaxBlocks = 1 << 16;
 
+/// Value i of a's rows, value head h, in place (also kernels/gdn_decode's, for raw gates).
+__device__ __forceinline__ void gate(GdnGatesArgs const& a, std::int64_t i, int h) {
+  a.beta[i] = 1.0f / (1.0f + expf(-a.beta[i]));
+  float const x = a.g[i] + a.dt_bias[h];
+  a.g[i] = a.neg_a[h] * (x > 20.0f ? x : log1pf(expf(x)));
+}
+
 template <class Arch>
 __global__ void __launch_bounds__(kThreads) gdn_gates_kernel(GdnGatesArgs const a) {
   std::int64_t const n = a.n_tokens * a.n_head_v;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * kThreads) {
-    int const h = static_cast<int>(i % a.n_head_v);
-    a.beta[i] = 1.0f / (1.0f + expf(-a.beta[i]));
-    float const x = a.g[i] + a.dt_bias[h];
-    a.g[i] = a.neg_a[h] * (x > 20.0f ? x : log1pf(expf(x)));
-  }
+       i += static_cast<std::int64_t>(gridDim.x) * kThreads)
+    gate(a, i, static_cast<int>(i % a.n_head_v));
 }
 
 /// The body of `launch_gdn_gates<S>(Arch, args, stream)` for a CUDA arch tag.

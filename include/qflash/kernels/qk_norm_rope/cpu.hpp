@@ -97,6 +97,7 @@ Status qk_norm_rope(arch::CpuIsa isa, QkNormRopeArgs const& a) {
   parallel_for(0, a.n_tokens, std::int64_t{a.n_head} * d * 8, [&](std::int64_t t) {
     token(a, t, inv_freq, cos_sin_of.get(static_cast<std::size_t>(2 * half)));
   });
+  if (a.keys.x) return qk_norm_rope<D>(isa, a.keys_call());
   return Status::kSuccess;
 }
 

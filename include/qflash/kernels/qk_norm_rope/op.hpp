@@ -5,6 +5,10 @@
 /// Input heads may be strided (q is read straight out of the [query | gate] projection rows);
 /// the output is dense [n_tokens, n_head, d_head]. RoPE angles are fp32 products
 /// position * inv_freq[j], as the reference model computes them.
+/// A second set of heads (`keys`: attention's keys beside its queries) may ride in the same
+/// call, with its own input, weight and output and the same positions, d_head, RoPE and eps:
+/// the op then does for it what a call of its own would (keys_call()), in the same launch, so
+/// one set's output may not overlap the other set's input or output.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +17,20 @@
 #include "qflash/core/config.hpp"
 #include "qflash/core/status.hpp"
 #include "qflash/kernels/add_rmsnorm/op.hpp"  // NormWeight
+#include "qflash/kernels/gated_delta/common.hpp"  // gdn::ranges_overlap
 #include "qflash/spec/moe_spec.hpp"
 
 namespace qflash::kernels {
+
+/// A second set of heads for one call (QkNormRopeArgs::keys): fields as the call's own.
+struct QkNormRopeHeads {
+  float const* x = nullptr;  ///< null: no second set
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+  float const* weight = nullptr;
+  float* y = nullptr;
+  int n_head = 0;
+};
 
 struct QkNormRopeArgs {
   float const* x = nullptr;       // [n_tokens, n_head, d_head], strided as below
@@ -31,11 +46,36 @@ struct QkNormRopeArgs {
   float theta = 10000.0f;
   float eps = 1e-6f;
   NormWeight weight_kind = NormWeight::kPlain;
+  QkNormRopeHeads keys;  ///< optional second set of heads
+
+  /// The call of its own that the second set stands for (its `keys` empty).
+  [[nodiscard]] constexpr QFLASH_HD QkNormRopeArgs keys_call() const {
+    QkNormRopeArgs k = *this;
+    k.x = keys.x, k.token_stride = keys.token_stride, k.head_stride = keys.head_stride;
+    k.weight = keys.weight, k.y = keys.y, k.n_head = keys.n_head;
+    k.keys = {};
+    return k;
+  }
 };
 
 /// Checks arguments; d_head is the spec's when static.
 template <MoeSpec S>
-[[nodiscard]] constexpr Status can_implement_qk_norm_rope(QkNormRopeArgs const& a) {
+[[nodiscard]] inline Status can_implement_qk_norm_rope(QkNormRopeArgs const& a) {
+  if (a.keys.x) {
+    QkNormRopeArgs const k = a.keys_call();
+    if (Status s = can_implement_qk_norm_rope<S>(k); s != Status::kSuccess) return s;
+    // The bytes a call reads and writes; one set's writes must miss the other's.
+    auto in_bytes = [](QkNormRopeArgs const& c) {
+      std::int64_t const hs = c.head_stride ? c.head_stride : c.d_head;
+      std::int64_t const ts = c.token_stride ? c.token_stride : c.n_head * hs;
+      return c.n_tokens ? ((c.n_tokens - 1) * ts + (c.n_head - 1) * hs + c.d_head) * std::int64_t{sizeof(float)} : 0;
+    };
+    auto out_bytes = [](QkNormRopeArgs const& c) { return c.n_tokens * c.n_head * c.d_head * std::int64_t{sizeof(float)}; };
+    using gdn::ranges_overlap;
+    if (ranges_overlap(a.y, out_bytes(a), k.y, out_bytes(k)) || ranges_overlap(a.y, out_bytes(a), k.x, in_bytes(k)) ||
+        ranges_overlap(k.y, out_bytes(k), a.x, in_bytes(a)))
+      return Status::kErrorInvalidProblem;
+  }
   if (!a.x || !a.weight || !a.y || !a.positions || a.n_tokens < 0 || a.n_head <= 0 ||
       a.d_head <= 0 || a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.d_head ||
       !(a.theta > 0) || !(a.eps >= 0))

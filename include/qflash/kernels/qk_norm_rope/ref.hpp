@@ -1,5 +1,6 @@
 /// @file
-/// Scalar reference for kernels/qk_norm_rope: fp64 norm, then the fp64 RoPE reference.
+/// Scalar reference for kernels/qk_norm_rope: fp64 norm, then the fp64 RoPE reference; the
+/// second set of heads, if any, as a call of its own.
 #pragma once
 
 #include <cmath>
@@ -38,6 +39,7 @@ inline void qk_norm_rope(QkNormRopeArgs const& a) {
     rope(r);
   }
   std::copy(out.begin(), out.end(), a.y);
+  if (a.keys.x) qk_norm_rope(a.keys_call());
 }
 
 }  // namespace qflash::kernels::ref

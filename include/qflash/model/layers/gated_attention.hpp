@@ -1,6 +1,6 @@
 /// @file
 /// The full-attention mixer of both families: q/k/v projections, per-head q/k RMSNorm fused
-/// with partial RoPE, K/V appended to the sequence's cache, causal GQA attention with the
+/// with partial RoPE (queries and keys in one call), K/V appended to the sequence's cache, causal GQA attention with the
 /// optional sigmoid output gate fused in (qwen3_5_moe: q_proj yields [query | gate] per head),
 /// and the output projection. K/V go to the sequence's paged cache in its heads' formats
 /// (kv_append) and attention reads them there; the sequences decoding one token (those in one
@@ -48,8 +48,22 @@ class GatedAttention {
                                  {&w_.k, {layer_, &LoraLayer::k}, k},
                                  {&w_.v, {layer_, &LoraLayer::v}, v}};
     project_group<S, Arch>(qkv, batch, x, s, stream, "q_proj, k_proj, v_proj");
-    norm_rope(qg, w_.q.rows, q_head_stride, w_.q_norm.data(), q, nh, batch, stream);
-    norm_rope(k, kv_width, dh, w_.k_norm.data(), k, nkv, batch, stream);
+    kernels::QkNormRopeArgs nr{};  // the queries out of [query | gate], the keys in place, in one call
+    nr.x = qg;
+    nr.token_stride = w_.q.rows;
+    nr.head_stride = q_head_stride;
+    nr.weight = w_.q_norm.data();
+    nr.y = q;
+    nr.n_head = nh;
+    nr.keys = {k, kv_width, dh, w_.k_norm.data(), k, nkv};
+    nr.positions = batch.on_device.positions;
+    nr.n_tokens = T;
+    nr.d_head = dh;
+    nr.rotary_dim = cfg_.rotary_dim;
+    nr.theta = cfg_.rope_theta;
+    nr.eps = cfg_.rms_norm_eps;
+    nr.weight_kind = norm_kind_;
+    check_launch(kernels::launch_qk_norm_rope<S>(Arch{}, nr, stream), "qk_norm_rope");
 
     float const scale = 1.0f / std::sqrt(static_cast<float>(dh));
     // Sequences decoding one token go through attention_decode together (those in the first
@@ -122,25 +136,6 @@ class GatedAttention {
   }
 
  private:
-  void norm_rope(float const* x, std::int64_t token_stride, std::int64_t head_stride,
-                 float const* weight, float* y, int n_head, Batch const& batch, stream_t stream) const {
-    kernels::QkNormRopeArgs a{};
-    a.x = x;
-    a.token_stride = token_stride;
-    a.head_stride = head_stride;
-    a.weight = weight;
-    a.y = y;
-    a.positions = batch.on_device.positions;
-    a.n_tokens = batch.n_tokens();
-    a.n_head = n_head;
-    a.d_head = dim<S.d_head>(cfg_.d_head);
-    a.rotary_dim = cfg_.rotary_dim;
-    a.theta = cfg_.rope_theta;
-    a.eps = cfg_.rms_norm_eps;
-    a.weight_kind = norm_kind_;
-    check_launch(kernels::launch_qk_norm_rope<S>(Arch{}, a, stream), "qk_norm_rope");
-  }
-
   ModelConfig const& cfg_;
   AttentionWeights const& w_;
   std::size_t layer_;

@@ -2,7 +2,8 @@
 /// The Gated DeltaNet mixer of qwen3_5_moe (MODELS.md §3c): projections, the causal conv over
 /// q|k|v with its carried state, the beta/g gates, the gated delta rule on the sequence's
 /// recurrent state (chunked for a prompt chunk; for every sequence decoding one token, conv and
-/// recurrence in one gdn_decode call), the gated RMSNorm and the output projection.
+/// recurrence in one gdn_decode call, which takes the gates and the gated RMSNorm too when no
+/// sequence has a prompt chunk), the gated RMSNorm and the output projection.
 #pragma once
 
 #include <cstdint>
@@ -55,14 +56,19 @@ class GatedDeltaNet {
                                      {&w_.a, {layer_, &LoraLayer::a}, g}};
     project_group<S, Arch>(in_proj, batch, x, s, stream, "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a");
 
-    kernels::GdnGatesArgs ga{};
-    ga.beta = beta;
-    ga.g = g;
-    ga.dt_bias = w_.dt_bias.data();
-    ga.neg_a = w_.neg_a.data();
-    ga.n_tokens = T;
-    ga.n_head_v = hv;
-    check_launch(kernels::launch_gdn_gates<S>(Arch{}, ga, stream), "gdn_gates");
+    // A step of decoding sequences alone leaves the gates and the norm to gdn_decode.
+    bool decode_only = true;
+    for (std::size_t i = 0; i < batch.seqs.size(); ++i) decode_only = decode_only && batch.rows_of(i) == 1;
+    if (!decode_only) {
+      kernels::GdnGatesArgs ga{};
+      ga.beta = beta;
+      ga.g = g;
+      ga.dt_bias = w_.dt_bias.data();
+      ga.neg_a = w_.neg_a.data();
+      ga.n_tokens = T;
+      ga.n_head_v = hv;
+      check_launch(kernels::launch_gdn_gates<S>(Arch{}, ga, stream), "gdn_gates");
+    }
 
     // Sequences decoding one token go through gdn_decode together; prompt chunks one by one.
     s.decode_rows.clear();
@@ -125,18 +131,24 @@ class GatedDeltaNet {
       d.d_v = dv;
       d.d_conv = dim<S.d_conv>(cfg_.d_conv);
       d.tiled_value_heads = cfg_.tiled_value_heads;
+      if (decode_only) {
+        d.dt_bias = w_.dt_bias.data(), d.neg_a = w_.neg_a.data();
+        d.norm_weight = w_.norm.data(), d.z = z, d.norm_eps = cfg_.rms_norm_eps;
+      }
       check_launch(kernels::launch_gdn_decode<S>(Arch{}, d, stream), "gdn_decode");
     }
 
-    kernels::GatedRmsNormArgs gn{};
-    gn.x = o;
-    gn.z = z;
-    gn.weight = w_.norm.data();
-    gn.y = o;
-    gn.n_rows = T * hv;
-    gn.n_cols = dv;
-    gn.eps = cfg_.rms_norm_eps;
-    check_launch(kernels::launch_gated_rmsnorm<S>(Arch{}, gn, stream), "gated_rmsnorm");
+    if (!decode_only) {
+      kernels::GatedRmsNormArgs gn{};
+      gn.x = o;
+      gn.z = z;
+      gn.weight = w_.norm.data();
+      gn.y = o;
+      gn.n_rows = T * hv;
+      gn.n_cols = dv;
+      gn.eps = cfg_.rms_norm_eps;
+      check_launch(kernels::launch_gated_rmsnorm<S>(Arch{}, gn, stream), "gated_rmsnorm");
+    }
     project<S, Arch>(w_.out, batch, {layer_, &LoraLayer::out}, o, out, s, stream, "out_proj", accumulate);
   }
 

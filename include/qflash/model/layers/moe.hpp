@@ -80,7 +80,6 @@ class MoeBlock {
     std::int64_t const T = b.n_tokens();
     int const n_expert = dim<S.n_expert>(cfg_.n_expert);
     int const k = b.route_slots > 0 ? b.route_slots : dim<S.n_expert_used>(cfg_.n_expert_used);
-    std::int64_t const d = dim<S.d_model>(cfg_.d_model);
     bool const shared = w_.shared.has_value();
     bool const observed = observer_ && *observer_;
     // A device model's observer reads every layer's routing once the step is done (Model::forward),
@@ -119,9 +118,9 @@ class MoeBlock {
       (*observer_)(record);
     }
 
-    if (!accumulate) s.memory->zero(out, static_cast<std::size_t>(T * d) * sizeof(float), stream);
     kernels::ExpertFfnArgs e{};
     e.fused_swiglu = fused_swiglu;
+    e.accumulate = accumulate;
     e.experts = w_.experts;
     e.x = x;
     e.routes = routes;

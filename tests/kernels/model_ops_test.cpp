@@ -347,7 +347,9 @@ TEST_CASE("linear: q8_0 panels on AVX-512 VNNI give the AMX tiles' sums, bit for
 }
 
 TEST_CASE("linear: AVX2 panels (8 rows) give the AVX-512 panels' (16 rows) sums, bit for bit") {
-  // Both add each block's exact int32 sums into fp32 in the same steps, per row and token.
+  // Both add each block's exact int32 sums into fp32 in the same steps, per row and token. The
+  // rows past AVX-512's last whole panel take each ISA's row kernels, whose sums differ: only
+  // the rows of whole 16-row panels are compared.
   auto const isas = isas_here();
   if (std::find(isas.begin(), isas.end(), arch::CpuIsa::kAvx512Vnni) == isas.end()) {
     MESSAGE("skipped: this CPU has no AVX-512 VNNI");
@@ -370,7 +372,15 @@ TEST_CASE("linear: AVX2 panels (8 rows) give the AVX-512 panels' (16 rows) sums,
       REQUIRE(cpu::linear(arch::CpuIsa::kAvx2, a) == Status::kSuccess);
       a.y = wide.data();
       REQUIRE(cpu::linear(arch::CpuIsa::kAvx512Vnni, a) == Status::kSuccess);
-      CHECK(narrow == wide);
+      int const panel_rows = n_out / cpu::kPanelRows * cpu::kPanelRows;
+      REQUIRE(panel_rows > 0);
+      for (int t = 0; t < n_tok; ++t) {
+        CAPTURE(t);
+        auto const row = [&](std::vector<float> const& y) {
+          return std::vector<float>(y.begin() + t * n_out, y.begin() + t * n_out + panel_rows);
+        };
+        CHECK(row(narrow) == row(wide));
+      }
     }
 }
 

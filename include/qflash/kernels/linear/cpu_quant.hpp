@@ -9,6 +9,7 @@
 /// |x - d q| <= d / 2 per value (+ d's own fp16 rounding for q8_0), see act_error_bound.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -427,7 +428,7 @@ QFLASH_TARGET_AVX2 void dot_avx2(BlockInt4G128 const* w, std::int64_t stride, Ac
       __m256i const lo = _mm256_and_si256(q, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
       __m256 const scale = _mm256_mul_ps(dx, _mm256_set1_ps(avx2_float(g.scale)));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(avx2_dot2_u4s8<kVnni>(lo, xe, hi, xo)), scale, acc[r]);
-      if (group_end) mins[r] += avx2_float(g.min) * sums[j / 2];
+      if (group_end) mins[r] = std::fma(avx2_float(g.min), sums[j / 2], mins[r]);  // fused in every kernel alike
     }
   }
   for (int r = 0; r < R; ++r) out[r] = simd::avx2_reduce_add(acc[r]) + mins[r];
@@ -620,7 +621,7 @@ QFLASH_TARGET_AVX2 void dot_tokens_avx2(BlockInt4G128 const* w, ActQ8Pair const*
                                 _mm256_loadu_si256(reinterpret_cast<__m256i const*>(a.odd)));
       __m256 const scale = _mm256_mul_ps(_mm256_loadu_ps(a.d), gs);
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), scale, acc[t]);
-      if (group_end) mins[t] += gm * group_sums(x[t], n_pairs)[j / 2];
+      if (group_end) mins[t] = std::fma(gm, group_sums(x[t], n_pairs)[j / 2], mins[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = simd::avx2_reduce_add(acc[t]) + mins[t];

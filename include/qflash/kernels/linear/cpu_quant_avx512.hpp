@@ -14,6 +14,7 @@
 /// operations in the same order, so a token's sums do not depend on the tokens beside it.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -625,7 +626,7 @@ QFLASH_TARGET_AVX512_VNNI void dot_avx512(BlockInt4G128 const* w, std::int64_t s
       __m512i lo, hi;
       int4_codes(g, both, lo, hi);
       acc[r] = int4_group(acc[r], lo, hi, xa, _mm512_set1_ps(avx2_float(g.scale)));
-      mins[r] += avx2_float(g.min) * sums[j / 2];
+      mins[r] = std::fma(avx2_float(g.min), sums[j / 2], mins[r]);  // fused in every kernel alike
     }
   }
   for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + mins[r];
@@ -650,7 +651,7 @@ QFLASH_TARGET_AVX512_VNNI void dot_tokens_avx512(BlockInt4G128 const* w, ActQ8Pa
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
       acc[t] = int4_group(acc[t], lo, hi, int4_acts(x[t] + j, both), scale);
-      mins[t] += gm * group_sums(x[t], n_pairs)[j / 2];
+      mins[t] = std::fma(gm, group_sums(x[t], n_pairs)[j / 2], mins[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];

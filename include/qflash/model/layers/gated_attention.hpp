@@ -1,8 +1,8 @@
 /// @file
 /// The full-attention mixer of both families: q/k/v projections, per-head q/k RMSNorm fused
-/// with partial RoPE (queries and keys in one call), K/V appended to the sequence's cache, causal GQA attention with the
-/// optional sigmoid output gate fused in (qwen3_5_moe: q_proj yields [query | gate] per head),
-/// and the output projection. K/V go to the sequence's paged cache in its heads' formats
+/// with partial RoPE (queries and keys in one call), K/V appended to the sequence's cache,
+/// causal GQA attention with the optional sigmoid output gate fused in (qwen3_5_moe: q_proj
+/// yields [query | gate] per head), and the output projection. K/V go to the sequence's paged cache in its heads' formats
 /// (kv_append) and attention reads them there; the sequences decoding one token (those in one
 /// KV pool) do both in one attention_decode call.
 #pragma once

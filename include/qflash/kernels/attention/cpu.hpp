@@ -304,7 +304,7 @@ void attention_item([[maybe_unused]] arch::CpuIsa isa, AttentionArgs const& a, i
                     int pass) {
   int const group = a.n_head / a.n_head_kv;
   int const h0 = kvh * group + pass * kGroupPass;
-  std::int64_t const gate_hs = a.gate_head_stride ? a.gate_head_stride : d;
+  std::int64_t const gate_hs = a.gate_head_stride_or_default();
   AttentionGroup g{};
   g.kv = &a.kv;
   g.kv_head = kvh;

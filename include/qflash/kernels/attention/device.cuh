@@ -49,7 +49,7 @@ struct Params {
   float* out;      // [n_tokens, n_head, d]
   float const* gate;
   std::int64_t gate_token_stride;
-  std::int64_t gate_head_stride;
+  std::int64_t gate_head_stride;  ///< resolved (AttentionArgs::gate_head_stride_or_default)
   std::int64_t n_tokens;
   std::int64_t n_ctx;
   int n_head;
@@ -207,8 +207,7 @@ template <int kPerLane>
 __device__ __forceinline__ void store_row(Params const& p, std::int64_t t, int h, float const (&o)[kPerLane],
                                           float inv, int lane) {
   float* out = p.out + (t * p.n_head + h) * p.d;
-  float const* gate =
-      p.gate ? p.gate + t * p.gate_token_stride + h * (p.gate_head_stride ? p.gate_head_stride : p.d) : nullptr;
+  float const* gate = p.gate ? p.gate + t * p.gate_token_stride + h * p.gate_head_stride : nullptr;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     int const i = lane + 32 * j;
@@ -414,6 +413,24 @@ std::size_t tile_smem(int d) {
   return 2 * static_cast<std::size_t>(tile_keys(kPerLane)) * static_cast<std::size_t>(d) * sizeof(float);
 }
 
+/// The kernels' parameters for a call, one split (use_splits changes that).
+inline Params params_of(AttentionArgs const& a) {
+  Params p{};
+  p.q = a.q;
+  p.out = a.out;
+  p.gate = a.gate;
+  p.gate_token_stride = a.gate_token_stride;
+  p.gate_head_stride = a.gate_head_stride_or_default();
+  p.n_tokens = a.n_tokens;
+  p.n_ctx = a.n_ctx;
+  p.n_head = a.n_head;
+  p.group = a.n_head / a.n_head_kv;
+  p.d = a.d_head;
+  p.scale = a.scale;
+  p.split_keys = a.n_ctx;
+  return p;
+}
+
 template <class Arch, KvScheme kScheme, int kPerLane>
 Status launch_per_lane(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t stream) {
   std::int64_t const row_tiles = (p.n_tokens * p.group + kWarps - 1) / kWarps;
@@ -440,9 +457,7 @@ Status launch(AttentionArgs const& a, stream_t stream) {
   DeviceKv kv{};
   if (Status s = kv_cuda::to_device(a.kv, kv); s != Status::kSuccess) return s;
   if (a.n_tokens == 0) return Status::kSuccess;
-  Params const p{a.q,        a.out,      a.gate,          a.gate_token_stride,      a.gate_head_stride,
-                 a.n_tokens, a.n_ctx,    a.n_head,        a.n_head / a.n_head_kv,   a.d_head,
-                 a.scale,    a.n_ctx,    nullptr,         nullptr};
+  Params const p = params_of(a);
   auto const s = static_cast<cudaStream_t>(stream);
   if constexpr (S.d_head != kDynamic) {
     return launch_per_lane<Arch, S.kv, per_lane(S.d_head)>(kv, p, a.n_head_kv, s);

@@ -33,6 +33,10 @@ struct AttentionArgs {
   float const* gate = nullptr;         // [n_tokens, n_head, d_head] strided; null: no gate
   std::int64_t gate_token_stride = 0;  ///< floats between tokens of gate
   std::int64_t gate_head_stride = 0;   ///< floats between heads of gate; 0: d_head
+
+  [[nodiscard]] constexpr QFLASH_HD std::int64_t gate_head_stride_or_default() const {
+    return gate_head_stride ? gate_head_stride : d_head;
+  }
 };
 
 /// Checks arguments; head counts and d_head are the spec's when static.
@@ -43,7 +47,7 @@ template <MoeSpec S>
     return Status::kErrorInvalidProblem;
   if (Status s = can_implement_kv_view<S>(a.kv, a.n_ctx); s != Status::kSuccess) return s;
   if (a.gate && (a.gate_head_stride < 0 || (a.gate_head_stride && a.gate_head_stride < a.d_head) ||
-                 a.gate_token_stride < (a.n_head - 1) * (a.gate_head_stride ? a.gate_head_stride : a.d_head) + a.d_head))
+                 a.gate_token_stride < (a.n_head - 1) * a.gate_head_stride_or_default() + a.d_head))
     return Status::kErrorInvalidProblem;
   if ((S.d_head != kDynamic && a.d_head != S.d_head) || (S.n_head != kDynamic && a.n_head != S.n_head) ||
       (S.n_head_kv != kDynamic && a.n_head_kv != S.n_head_kv))

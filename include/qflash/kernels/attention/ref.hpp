@@ -37,7 +37,7 @@ inline void attention(AttentionArgs const& a) {
         o[i] = static_cast<float>(acc / sum);
       }
       if (a.gate) {
-        float const* g = a.gate + t * a.gate_token_stride + h * (a.gate_head_stride ? a.gate_head_stride : a.d_head);
+        float const* g = a.gate + t * a.gate_token_stride + h * a.gate_head_stride_or_default();
         for (int i = 0; i < a.d_head; ++i)
           o[i] = static_cast<float>(o[i] / (1.0 + std::exp(-static_cast<double>(g[i]))));
       }

@@ -145,9 +145,9 @@ Status launch(AttentionDecodeArgs const& a, stream_t stream) {
   auto const cs = static_cast<cudaStream_t>(stream);
   for (int first = 0; first < a.n_seqs; first += kSeqsPerLaunch) {
     Params P{};
-    P.p = attention_cuda::Params{a.q,     a.out,   a.gate,   a.gate_token_stride,     a.gate_head_stride,
-                                 1,       0,       a.n_head, a.n_head / a.n_head_kv, a.d_head,
-                                 a.scale, 0,       nullptr,  nullptr};
+    AttentionArgs whole = a.attention_args(first);  // the shapes and gate strides, with
+    whole.q = a.q, whole.out = a.out, whole.gate = a.gate;  // the whole arrays (rows are P.rows)
+    P.p = attention_cuda::params_of(whole);
     P.k = a.k;
     P.v = a.v;
     P.n_seqs = std::min(kSeqsPerLaunch, a.n_seqs - first);

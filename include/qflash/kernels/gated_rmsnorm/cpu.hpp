@@ -47,19 +47,24 @@ inline void norm_rows_baseline(GatedRmsNormArgs const& a, std::int64_t r0, std::
   norm_rows(a, r0, r1);
 }
 
+using RowsFn = void (*)(GatedRmsNormArgs const&, std::int64_t, std::int64_t);
+
+/// norm_rows compiled for `isa` (the op's rows, bit for bit, wherever they are called from).
+inline RowsFn rows_fn(arch::CpuIsa isa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (isa >= arch::CpuIsa::kAvx512) return &norm_rows_avx512;
+  if (isa >= arch::CpuIsa::kAvx2) return &norm_rows_avx2;
+#endif
+  (void)isa;
+  return &norm_rows_baseline;
+}
+
 }  // namespace gated_rmsnorm_detail
 
 /// The whole norm with an explicit ISA level (tests run every level this CPU has).
 inline Status gated_rmsnorm(arch::CpuIsa isa, GatedRmsNormArgs const& a) {
-  namespace d = gated_rmsnorm_detail;
   if (Status s = can_implement_gated_rmsnorm<MoeSpec{}>(a); s != Status::kSuccess) return s;
-  auto* rows_fn = &d::norm_rows_baseline;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (isa >= arch::CpuIsa::kAvx512)
-    rows_fn = &d::norm_rows_avx512;
-  else if (isa >= arch::CpuIsa::kAvx2)
-    rows_fn = &d::norm_rows_avx2;
-#endif
+  gated_rmsnorm_detail::RowsFn const rows_fn = gated_rmsnorm_detail::rows_fn(isa);
   // Blocks of about 16K elements: enough work to amortise scheduling, enough blocks to balance.
   std::int64_t const block = std::max<std::int64_t>(1, 16384 / a.n_cols);
   std::int64_t const n_blocks = (a.n_rows + block - 1) / block;

@@ -3,12 +3,12 @@
 /// item is (sequence, q/k head): it convolves that head's q and k channels and its value heads'
 /// v channels (and moves them into the conv state), normalises q and k once, and runs the
 /// recurrent step of each of its value heads on the state in place, a kTile of columns at a
-/// time. Items own disjoint channels and state, so nothing is shared between threads.
+/// time, then norms each value head's out row when the op has the norm. Items own disjoint
+/// channels, state and rows, so nothing is shared between threads.
 ///
-/// The arithmetic is kernels/causal_conv1d's and kernels/gated_delta's for one token: their own
-/// one-token conv and row kernels, so the results are theirs bit for bit. Raw gates go through
-/// kernels/gdn_gates' own kernel first, and the output norm through kernels/gated_rmsnorm's
-/// after, a row at a time.
+/// The arithmetic is kernels/causal_conv1d's, kernels/gated_delta's and kernels/gated_rmsnorm's
+/// for one token: their own one-token conv, row and norm kernels, so the results are theirs bit
+/// for bit. Raw gates go through kernels/gdn_gates' own kernel first, a row at a time.
 #pragma once
 
 #include <algorithm>
@@ -44,8 +44,8 @@ inline std::size_t scratch_floats(int d_k, int d_conv) {
 }
 
 /// Item (sequence i, q/k head kh).
-inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvTokenFn conv_token, int i, int kh,
-                        float* buf) {
+inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvTokenFn conv_token,
+                        gated_rmsnorm_detail::RowsFn norm_rows, int i, int kh, float* buf) {
   int const dk = a.d_k, dv = a.d_v, hv = a.n_head_v;
   std::int64_t const key_dim = std::int64_t{a.n_head_k} * dk;
   std::int64_t const r = a.rows[i];
@@ -79,6 +79,7 @@ inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvTokenF
       for (int c = 0; c < nc; ++c) delta[c] = beta * (v[c0 + c] - decay * u[c]);
       rk.rank1_project(dk, decay, kn, delta, qn, s + c0, dv, nc, o + c0);
     }
+    if (a.norm_weight) norm_rows(a.norm_args(r), h, h + 1);  // row h of gated_rmsnorm's call
   }
 }
 
@@ -95,14 +96,12 @@ inline Status gdn_decode(arch::CpuIsa isa, GdnDecodeArgs const& a) {
   gated_delta_detail::RowKernels const rk = gated_delta_detail::row_kernels(isa);
   d::ConvTokenFn const conv_token = causal_conv1d_detail::conv_token_fn(isa);
   std::int64_t const hk = a.n_head_k;
+  gated_rmsnorm_detail::RowsFn const norm_rows = gated_rmsnorm_detail::rows_fn(isa);
   gated_delta_detail::for_each_item(a.n_seqs * hk, d::scratch_floats(a.d_k, a.d_conv),
                                     [&](std::int64_t item, float* buf) {
-                                      d::decode_item(a, rk, conv_token, static_cast<int>(item / hk),
+                                      d::decode_item(a, rk, conv_token, norm_rows, static_cast<int>(item / hk),
                                                      static_cast<int>(item % hk), buf);
                                     });
-  if (a.norm_weight)
-    for (int i = 0; i < a.n_seqs; ++i)
-      if (Status s = gated_rmsnorm(isa, a.norm_args(a.rows[i])); s != Status::kSuccess) return s;
   return Status::kSuccess;
 }
 

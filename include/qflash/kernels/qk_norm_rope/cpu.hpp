@@ -23,8 +23,7 @@ namespace qk_norm_rope_detail {
 template <int D>
 QFLASH_FORCEINLINE void token(QkNormRopeArgs const& a, std::int64_t t, float const* inv_freq, float* cs) {
   int const d = dim<D>(a.d_head);
-  std::int64_t const hs = a.head_stride ? a.head_stride : d;
-  std::int64_t const ts = a.token_stride ? a.token_stride : a.n_head * hs;
+  std::int64_t const hs = a.head_stride_or_default(), ts = a.token_stride_or_default();
   int const half = a.rotary_dim / 2;
   float const w_offset = a.weight_kind == NormWeight::kZeroCentered ? 1.0f : 0.0f;
   float const pos = static_cast<float>(a.positions[t]);

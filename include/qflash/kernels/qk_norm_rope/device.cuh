@@ -83,9 +83,8 @@ Status launch(QkNormRopeArgs const& a, stream_t stream) {
   if (items == 0) return Status::kSuccess;
   Params p{};
   p.a = a;
-  auto heads = [&](QkNormRopeArgs const& c) {
-    std::int64_t const hs = c.head_stride ? c.head_stride : c.d_head;
-    return Heads{c.x, c.token_stride ? c.token_stride : c.n_head * hs, hs, c.weight, c.y, c.n_head};
+  auto heads = [](QkNormRopeArgs const& c) {
+    return Heads{c.x, c.token_stride_or_default(), c.head_stride_or_default(), c.weight, c.y, c.n_head};
   };
   p.sets[0] = heads(a);
   p.n_sets = 1;

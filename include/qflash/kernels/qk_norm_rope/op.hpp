@@ -48,6 +48,14 @@ struct QkNormRopeArgs {
   NormWeight weight_kind = NormWeight::kPlain;
   QkNormRopeHeads keys;  ///< optional second set of heads
 
+  /// head_stride and token_stride with their defaults resolved.
+  [[nodiscard]] constexpr QFLASH_HD std::int64_t head_stride_or_default() const {
+    return head_stride ? head_stride : d_head;
+  }
+  [[nodiscard]] constexpr QFLASH_HD std::int64_t token_stride_or_default() const {
+    return token_stride ? token_stride : n_head * head_stride_or_default();
+  }
+
   /// The call of its own that the second set stands for (its `keys` empty).
   [[nodiscard]] constexpr QFLASH_HD QkNormRopeArgs keys_call() const {
     QkNormRopeArgs k = *this;
@@ -66,9 +74,9 @@ template <MoeSpec S>
     if (Status s = can_implement_qk_norm_rope<S>(k); s != Status::kSuccess) return s;
     // The bytes a call reads and writes; one set's writes must miss the other's.
     auto in_bytes = [](QkNormRopeArgs const& c) {
-      std::int64_t const hs = c.head_stride ? c.head_stride : c.d_head;
-      std::int64_t const ts = c.token_stride ? c.token_stride : c.n_head * hs;
-      return c.n_tokens ? ((c.n_tokens - 1) * ts + (c.n_head - 1) * hs + c.d_head) * std::int64_t{sizeof(float)} : 0;
+      std::int64_t const last =
+          (c.n_tokens - 1) * c.token_stride_or_default() + (c.n_head - 1) * c.head_stride_or_default();
+      return c.n_tokens ? (last + c.d_head) * std::int64_t{sizeof(float)} : 0;
     };
     auto out_bytes = [](QkNormRopeArgs const& c) { return c.n_tokens * c.n_head * c.d_head * std::int64_t{sizeof(float)}; };
     using gdn::ranges_overlap;
@@ -80,8 +88,7 @@ template <MoeSpec S>
       a.d_head <= 0 || a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.d_head ||
       !(a.theta > 0) || !(a.eps >= 0))
     return Status::kErrorInvalidProblem;
-  std::int64_t const hs = a.head_stride ? a.head_stride : a.d_head;
-  std::int64_t const ts = a.token_stride ? a.token_stride : a.n_head * hs;
+  std::int64_t const hs = a.head_stride_or_default(), ts = a.token_stride_or_default();
   if (hs < a.d_head || ts < (a.n_head - 1) * hs + a.d_head) return Status::kErrorInvalidProblem;
   if (a.y == a.x && (hs != a.d_head || ts != a.n_head * hs)) return Status::kErrorInvalidProblem;
   if (S.d_head != kDynamic && a.d_head != S.d_head) return Status::kErrorInvalidProblem;

@@ -12,8 +12,7 @@
 namespace qflash::kernels::ref {
 
 inline void qk_norm_rope(QkNormRopeArgs const& a) {
-  std::int64_t const hs = a.head_stride ? a.head_stride : a.d_head;
-  std::int64_t const ts = a.token_stride ? a.token_stride : a.n_head * hs;
+  std::int64_t const hs = a.head_stride_or_default(), ts = a.token_stride_or_default();
   std::vector<float> out(static_cast<std::size_t>(a.n_tokens * a.n_head * a.d_head));
   for (std::int64_t t = 0; t < a.n_tokens; ++t)
     for (int h = 0; h < a.n_head; ++h) {

@@ -284,7 +284,9 @@ void check_instance() {
   int const nh = S.n_head != kDynamic ? S.n_head : 16, dh = S.d_head != kDynamic ? S.d_head : 64;
   std::vector<test::DecodeCase> decodes{{nh, n_kv, dh, true, {0, 15, 16, 1500}, {3, 0, 5, 1}, 6}};
   if constexpr (S.n_head == kDynamic && S.d_head == kDynamic && S.n_head_kv == kDynamic) {
-    decodes.push_back({12, 1, 16, false, {5, 33}, {1, 0}, 2});  // a group of 12
+    decodes.push_back({12, 1, 16, false, {5, 33}, {1, 0}, 2});  // a group of 12: the append apart
+    decodes.push_back({32, 2, 64, true, {0, 15, 1500}, {2, 0, 1}, 3});  // a group of 16, split keys
+    decodes.push_back({4, 2, 300, true, {0, 200}, {1, 0}, 2});  // 10 dims a lane
     decodes.push_back({2, 2, 40, true, {3, 700, 1}, {0, 1, 2}, 3});  // groups of 1, an odd width
     test::DecodeCase many{4, 2, 128, true, {}, {}, 70};  // two launches of sequences
     for (int i = 0; i < 70; ++i) {

@@ -22,6 +22,7 @@
 
 #include "qflash/kernels/causal_conv1d/cpu.hpp"
 #include "qflash/kernels/causal_conv1d/ref.hpp"
+#include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/gated_delta/cpu.hpp"
 #include "qflash/kernels/gated_delta/ref.hpp"
 #include "qflash/kernels/gated_rmsnorm/cpu.hpp"
@@ -326,13 +327,22 @@ void check_gated_delta(DeltaCase const& c) {
   }
 }
 
+/// Kernels that count their CTAs on the legacy stream's counters left every one at zero.
+void check_counters_clear() {
+  unsigned* const counters = kernels::cuda::stream_counters(nullptr);
+  REQUIRE(counters);
+  std::vector<unsigned> host(kernels::cuda::kStreamCounters);
+  QFLASH_TEST_CUDA(cudaMemcpy(host.data(), counters, host.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+  CHECK(std::count(host.begin(), host.end(), 0u) == static_cast<std::ptrdiff_t>(host.size()));
+}
+
 struct DecodeCase {
   int n_head_k, n_head_v, d_k, d_v, d_conv;
   bool tiled;
   int n_seqs;  ///< decoding sequences, rows 2 i + 1 of a batch of 2 n_seqs + 1 rows
   int steps;   ///< decode steps through the same states
-  bool raw_gates = false;  ///< g and beta come as a and b; the op applies gdn_gates first
-  bool norm = false;       ///< the op norms out after (gated_rmsnorm)
+  bool raw_gates = false;  ///< g and beta come as a and b; the op turns them into the gates
+  bool norm = false;       ///< the op norms out (gated_rmsnorm)
 };
 
 /// gdn_decode on the device against its CPU twin and ref::gdn_decode, over several steps that
@@ -404,23 +414,26 @@ void check_gdn_decode(DecodeCase const& c) {
                                              dstate.get(), cp, sp, dw.get(), ddt.get(), dna.get(), dz.get(), dnw.get()),
                                  nullptr) == Status::kSuccess);
     synchronize();
+    // Whole arrays: rows the op must not write stay zero in all three.
+    std::vector<float> const y = dy.download(), out = dout.download();
+    for (auto const& [name, want_y, want_out] :
+         {std::tuple{"CPU", y_cpu, out_cpu}, std::tuple{"ref", y_ref, out_ref}}) {
+      auto const yc = all_close<float, float>(y, want_y, kNorm);
+      CHECK_MESSAGE(yc.ok, "GPU vs ", name, " (conv output), step ", step, ": ", yc.report);
+      auto const o = all_close<float, float>(out, want_out, kDelta);
+      CHECK_MESSAGE(o.ok, "GPU vs ", name, " (outputs), step ", step, ": ", o.report);
+    }
     for (auto const& [got, cpu, want] : {std::tuple{dg.download(), g_cpu, g_ref}, std::tuple{dbeta.download(), beta_cpu, beta_ref}}) {
       auto const gc = all_close<float, float>(got, cpu, kGates);  // raw: the gates; else untouched
       CHECK_MESSAGE(gc.ok, "GPU vs CPU (gates): ", gc.report);
       auto const gr = all_close<float, float>(got, want, kGates);
       CHECK_MESSAGE(gr.ok, "GPU vs ref (gates): ", gr.report);
     }
+    check_counters_clear();
   }
-  std::vector<float> const out = dout.download(), state = dstate.download(), conv = dconv.download();
-  for (auto const& [name, want_out, want_state, want_conv] :
-       {std::tuple{"CPU", out_cpu, state_cpu, conv_cpu}, std::tuple{"ref", out_ref, state_ref, conv_ref}}) {
-    std::vector<float> got_rows, want_rows;  // the decoding rows only: the others are never written
-    for (std::int64_t r : rows) {
-      got_rows.insert(got_rows.end(), out.begin() + r * vw, out.begin() + (r + 1) * vw);
-      want_rows.insert(want_rows.end(), want_out.begin() + r * vw, want_out.begin() + (r + 1) * vw);
-    }
-    auto const o = all_close<float, float>(got_rows, want_rows, kDelta);
-    CHECK_MESSAGE(o.ok, "GPU vs ", name, " (outputs): ", o.report);
+  std::vector<float> const state = dstate.download(), conv = dconv.download();
+  for (auto const& [name, want_state, want_conv] :
+       {std::tuple{"CPU", state_cpu, conv_cpu}, std::tuple{"ref", state_ref, conv_ref}}) {
     auto const st = all_close<float, float>(state, want_state, kDelta);
     CHECK_MESSAGE(st.ok, "GPU vs ", name, " (state): ", st.report);
     auto const cs = all_close<float, float>(conv, want_conv, Tolerance{0, 0});
@@ -669,14 +682,21 @@ void check_instance() {
     }
     if constexpr (S.d_head_k_linear != kDynamic) {
       for (bool fused : {false, true})  // the model's decode step fuses both
-        check_gdn_decode<S, Tag>({S.n_head_k_linear, S.n_head_v_linear, S.d_head_k_linear, S.d_head_v_linear,
-                                  S.d_conv != kDynamic ? S.d_conv : 4, false, 3, 3, fused, fused});
+        for (bool tiled : {false, true})  // GGUF checkpoints tile the value heads
+          check_gdn_decode<S, Tag>({S.n_head_k_linear, S.n_head_v_linear, S.d_head_k_linear, S.d_head_v_linear,
+                                    S.d_conv != kDynamic ? S.d_conv : 4, tiled, 3, 3, fused, fused});
     } else {
       for (bool tiled : {false, true}) check_gdn_decode<S, Tag>({16, 32, 128, 128, 4, tiled, 2, 3});
       check_gdn_decode<S, Tag>({2, 6, 40, 70, 3, false, 70, 2});  // two launches of sequences
       check_gdn_decode<S, Tag>({1, 1, 17, 33, 1, true, 3, 2});    // no conv state
       check_gdn_decode<S, Tag>({2, 6, 40, 70, 3, false, 70, 2, true, true});  // raw gates and the norm, two launches
       check_gdn_decode<S, Tag>({16, 32, 128, 128, 4, false, 3, 2, false, true});
+      // Three tiled value heads a q/k head (the last CTA's gates and norms), 2 warps for 80 q/k channels.
+      check_gdn_decode<S, Tag>({4, 12, 40, 70, 3, true, 5, 3, true, true});
+      // 128 q/k heads: 32 sequences a launch on the 4096 counters, up to the last one.
+      check_gdn_decode<S, Tag>({128, 128, 17, 33, 2, false, 33, 2, true, true});
+      check_gdn_decode<S, Tag>({1, 2, 256, 40, 4, false, 3, 2, true, true});  // d_k 256: 8 warps
+      check_gdn_decode<S, Tag>({2, 8, 17, 33, 1, true, 3, 2, true, true});    // no conv state; a warp norms 4 rows
     }
   }
   std::vector<int> const dims = S.d_head != kDynamic ? std::vector<int>{S.d_head} : std::vector<int>{256, 128, 40};

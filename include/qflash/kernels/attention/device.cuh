@@ -182,7 +182,8 @@ __device__ __forceinline__ void decode_chunk(KvFormat f, std::uint8_t const* vec
 }
 
 /// The CTA decodes keys [s0, s0 + n_keys) of KV head h of the sequence whose block table is
-/// `table`: K to sk, V to sv, each [n_keys, d].
+/// `table`: K to sk, V to sv, each [n_keys, d]. Plain loads, never the read-only path
+/// (__ldg, __restrict__): attention_decode's CTA reads here the key and value it stored.
 template <KvScheme kScheme>
 __device__ __forceinline__ void decode_tile(DeviceKv const& kv, std::int32_t const* table, int h, std::int64_t s0,
                                             int n_keys, float* sk, float* sv) {

@@ -1,13 +1,17 @@
 /// @file
 /// kernels/attention_decode on CUDA, shared by sm80.cuh and sm90a.cuh: for up to
 /// kSeqsPerLaunch sequences (their rows, lengths and block tables travel in the kernels'
-/// parameters, so a captured CUDA graph holds them by value) two launches, three when the
-/// keys are split, where the separate ops take two or three per sequence:
-///  1. append_kernel: one warp per (sequence, KV head, K|V) encodes the new vector into the
-///     sequence's last position (kv_append/device.cuh's encode_warp).
-///  2. decode_kernel: attention/device.cuh's CTA (attend_keys) with the sequence in
-///     blockIdx.x: a CTA holds up to kWarps query heads of one KV head of one sequence.
-///  3. combine_kernel: merges the key splits (flash-decoding), as attention's does.
+/// parameters, so a captured CUDA graph holds them by value) one launch, two when the keys are
+/// split (one more when a KV head has over kWarps query heads), where the separate ops take two
+/// or three per sequence:
+///  1. decode_kernel: attention/device.cuh's CTA (attend_keys) with the sequence in
+///     blockIdx.x: a CTA holds up to kWarps query heads of one KV head of one sequence. The
+///     CTA whose keys end at the new token first encodes its key and value into the cache
+///     (kv_append/device.cuh's encode_warp, warps 0 and 1); attend_keys' first barrier makes
+///     them visible to the CTA, and no other CTA reads that position. When a KV head's query
+///     heads take several CTAs (more than kWarps), append_kernel does it in a launch before:
+///     one warp per (sequence, KV head, K|V).
+///  2. combine_kernel: merges the key splits (flash-decoding), as attention's does.
 /// The splits are planned from all the sequences' keys and counted over the longest; a shorter
 /// one's later splits see no keys and add nothing.
 #pragma once
@@ -34,28 +38,34 @@ struct Params {
   float const* k;
   float const* v;
   int n_seqs;
+  bool append_in_decode;  ///< decode_kernel appends the new keys and values (else append_kernel)
   std::int64_t rows[kSeqsPerLaunch];
   std::int64_t n_ctx[kSeqsPerLaunch];
   std::int32_t const* tables[kSeqsPerLaunch];
 };
 
-/// Warp w encodes sequence w / (2 n_head_kv)'s head (w / 2) % n_head_kv, K when w is even.
-template <class Arch, KvScheme kScheme>
-__global__ void __launch_bounds__(kv_cuda::kAppendThreads) append_kernel(DeviceKv const kv, Params const P) {
-  std::int64_t const w = (static_cast<std::int64_t>(blockIdx.x) * kv_cuda::kAppendThreads + threadIdx.x) / 32;
-  int const lane = static_cast<int>(threadIdx.x % 32);
-  if (w >= std::int64_t{P.n_seqs} * kv.n_head_kv * 2) return;
-  int const i = static_cast<int>(w / (2 * kv.n_head_kv));
-  int const h = static_cast<int>(w / 2 % kv.n_head_kv);
+/// Sequence i's new key (is_value false) or value of KV head h into its last position, by one warp.
+template <KvScheme kScheme>
+__device__ __forceinline__ void append_vector(DeviceKv const& kv, Params const& P, int i, int h, bool is_value,
+                                              int lane) {
   int const d = kv.d_head;
   std::int64_t const pos = P.n_ctx[i] - 1;
   std::int64_t const row = (P.rows[i] * kv.n_head_kv + h) * d;
-  if (w % 2 == 0)
+  if (!is_value)
     kv_cuda::encode_warp(kv::compiled_format(kScheme, kv.heads[h].k_format), P.k + row, d,
                          kv.key(P.tables[i], pos, h), lane);
   else
     kv_cuda::encode_warp(kv::compiled_format(kScheme, kv.heads[h].v_format), P.v + row, d,
                          kv.value(P.tables[i], pos, h), lane);
+}
+
+/// Warp w encodes sequence w / (2 n_head_kv)'s head (w / 2) % n_head_kv, K when w is even.
+template <class Arch, KvScheme kScheme>
+__global__ void __launch_bounds__(kv_cuda::kAppendThreads) append_kernel(DeviceKv const kv, Params const P) {
+  std::int64_t const w = (static_cast<std::int64_t>(blockIdx.x) * kv_cuda::kAppendThreads + threadIdx.x) / 32;
+  if (w >= std::int64_t{P.n_seqs} * kv.n_head_kv * 2) return;
+  append_vector<kScheme>(kv, P, static_cast<int>(w / (2 * kv.n_head_kv)), static_cast<int>(w / 2 % kv.n_head_kv),
+                         w % 2 == 1, static_cast<int>(threadIdx.x % 32));
 }
 
 /// Grid: x (sequence, row tile of the KV head's group), y KV heads, z key splits.
@@ -74,6 +84,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(DeviceKv const kv, 
   std::int64_t const s_begin = static_cast<std::int64_t>(blockIdx.z) * p.split_keys;
   std::int64_t const s_end = std::min(n_ctx, s_begin + p.split_keys);
 
+  if (P.append_in_decode && s_begin < n_ctx && s_end == n_ctx && threadIdx.x < 64)  // keys end at the new token
+    append_vector<kScheme>(kv, P, i, kv_head, threadIdx.x >= 32, static_cast<int>(threadIdx.x % 32));
   attention_cuda::RowState<kPerLane> st;
   attention_cuda::load_query(p.q + (t * p.n_head + h) * p.d, p.d, active, st);
   attention_cuda::attend_keys<kScheme>(kv, P.tables[i], kv_head, s_begin, s_end, n_ctx - 1, active, p.scale, smem,
@@ -110,13 +122,16 @@ inline std::int64_t split_count(std::int64_t cta_keys, std::int64_t max_ctx) {
 template <class Arch, KvScheme kScheme, int kPerLane>
 Status launch_per_lane(DeviceKv const& kv, Params& P, std::int64_t max_ctx, std::int64_t total_ctx,
                        cudaStream_t stream) {
-  std::int64_t const append_threads = std::int64_t{P.n_seqs} * kv.n_head_kv * 2 * 32;
-  auto const append_blocks =
-      static_cast<unsigned>((append_threads + kv_cuda::kAppendThreads - 1) / kv_cuda::kAppendThreads);
-  append_kernel<Arch, kScheme><<<append_blocks, kv_cuda::kAppendThreads, 0, stream>>>(kv, P);
-  if (Status s = cuda::last_launch_status(); s != Status::kSuccess) return s;
-
   std::int64_t const row_tiles = (P.p.group + kWarps - 1) / kWarps;
+  P.append_in_decode = row_tiles == 1;
+  if (!P.append_in_decode) {
+    std::int64_t const append_threads = std::int64_t{P.n_seqs} * kv.n_head_kv * 2 * 32;
+    auto const append_blocks =
+        static_cast<unsigned>((append_threads + kv_cuda::kAppendThreads - 1) / kv_cuda::kAppendThreads);
+    append_kernel<Arch, kScheme><<<append_blocks, kv_cuda::kAppendThreads, 0, stream>>>(kv, P);
+    if (Status s = cuda::last_launch_status(); s != Status::kSuccess) return s;
+  }
+
   std::int64_t const ctas = P.n_seqs * row_tiles;
   std::int64_t const rows = std::int64_t{P.n_seqs} * P.p.n_head;
   std::int64_t const n_split = attention_cuda::use_splits<kPerLane>(

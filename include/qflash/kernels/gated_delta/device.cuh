@@ -69,67 +69,91 @@ __device__ __forceinline__ void store_columns(float const (&s)[kRows], int dk, i
   }
 }
 
+/// A CTA's place among the recurrence's columns: warp w, lane l holds rows [32 w, 32 w + 32) of
+/// column 32 blockIdx.x + l; its shared memory holds q̂ [d_k], k̂ [d_k] and the warps' partial
+/// sums [2][warps][kCols] (floats(), at the start of the dynamic shared memory).
+struct Columns {
+  int dk, dv, warps, warp, lane, col;
+  bool has_col;
+  float* q_hat;
+  float* k_hat;
+  float* part_u;  // [warps][kCols]
+  float* part_o;  // [warps][kCols]
+
+  __device__ Columns(int d_k, int d_v, float* smem)
+      : dk(d_k),
+        dv(d_v),
+        warps(static_cast<int>(blockDim.x / 32)),
+        warp(static_cast<int>(threadIdx.x / 32)),
+        lane(static_cast<int>(threadIdx.x % 32)),
+        col(static_cast<int>(blockIdx.x) * kCols + lane),
+        has_col(col < d_v),
+        q_hat(smem),
+        k_hat(smem + d_k),
+        part_u(smem + 2 * d_k),
+        part_o(part_u + warps * kCols) {}
+
+  /// Shared floats the CTA's columns take, for d_k and a block of 32 * warps threads.
+  static __host__ __device__ int floats(int d_k, int warps) { return 2 * d_k + 2 * warps * kCols; }
+};
+
+/// One token's step on the CTA's state columns s: q and k are the token's rows of its q/k head
+/// (global or shared memory), v the value of the thread's column (0 past d_v), out its value
+/// head's row (warp 0 writes the CTA's columns). Ends with the CTA's threads all past their
+/// reads of q̂, k̂ and part_u; part_o is next written after two more barriers, so a following
+/// step may start at once.
+__device__ __forceinline__ void token_step(Columns const& c, float (&s)[kRows], float const* q, float const* k,
+                                           float v, float decay, float beta, float l2norm_eps, float q_scale,
+                                           float* out) {
+  if (c.warp == 0) l2norm_warp(q, c.dk, l2norm_eps, q_scale, c.q_hat, c.lane);
+  if (c.warp == (c.warps > 1 ? 1 : 0)) l2norm_warp(k, c.dk, l2norm_eps, 1.0f, c.k_hat, c.lane);
+  __syncthreads();  // q̂ and k̂ are ready
+  float u = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    int const row = c.warp * kRows + i;
+    s[i] *= decay;
+    if (row < c.dk) u = fmaf(s[i], c.k_hat[row], u);
+  }
+  c.part_u[c.warp * kCols + c.lane] = u;
+  __syncthreads();
+  float sum_u = 0.0f;
+  for (int w = 0; w < c.warps; ++w) sum_u += c.part_u[w * kCols + c.lane];
+  float const delta = beta * (v - sum_u);
+  float o = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    int const row = c.warp * kRows + i;
+    if (row < c.dk) {
+      s[i] = fmaf(c.k_hat[row], delta, s[i]);
+      o = fmaf(s[i], c.q_hat[row], o);
+    }
+  }
+  c.part_o[c.warp * kCols + c.lane] = o;
+  __syncthreads();
+  if (c.warp == 0 && c.has_col) {
+    float sum_o = 0.0f;
+    for (int w = 0; w < c.warps; ++w) sum_o += c.part_o[w * kCols + c.lane];
+    out[c.col] = sum_o;
+  }
+}
+
 /// One CTA's columns (blockIdx.x) of value head blockIdx.y over every token of `a`: the body
-/// of recurrent_kernel, and of kernels/gdn_decode's per-sequence step. Block: 32 * ceil(d_k / 32)
-/// threads. Shared: q̂ [d_k], k̂ [d_k], the warps' partial sums [2][warps][kCols].
+/// of recurrent_kernel. Block: 32 * ceil(d_k / 32) threads; shared: Columns::floats.
 __device__ __forceinline__ void recurrent_columns(Params const& p, GatedDeltaArgs const& a) {
   extern __shared__ float smem[];
-  int const dk = a.d_k, dv = a.d_v;
-  int const warps = static_cast<int>(blockDim.x / 32);
-  int const warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  Columns const c(a.d_k, a.d_v, smem);
   int const h = static_cast<int>(blockIdx.y);
   int const kh = a.tiled_value_heads ? h % a.n_head_k : h / p.group;
-  int const col = static_cast<int>(blockIdx.x) * kCols + lane;
-  bool const has_col = col < dv;
-  float* const q_hat = smem;
-  float* const k_hat = q_hat + dk;
-  float* const part_u = k_hat + dk;           // [warps][kCols]
-  float* const part_o = part_u + warps * kCols;  // [warps][kCols]
-
-  float* const state = a.state + static_cast<std::int64_t>(h) * dk * dv;
+  float* const state = a.state + static_cast<std::int64_t>(h) * c.dk * c.dv;
   float s[kRows];
-  load_columns(state, dk, dv, warp, col, s);
-
+  load_columns(state, c.dk, c.dv, c.warp, c.col, s);
   for (std::int64_t t = 0; t < a.n_tokens; ++t) {
-    if (warp == 0) l2norm_warp(a.q + t * p.qs + kh * dk, dk, a.l2norm_eps, p.q_scale, q_hat, lane);
-    if (warp == (warps > 1 ? 1 : 0)) l2norm_warp(a.k + t * p.ks + kh * dk, dk, a.l2norm_eps, 1.0f, k_hat, lane);
-    float const decay = expf(a.g[t * a.n_head_v + h]);
-    float const beta = a.beta[t * a.n_head_v + h];
-    __syncthreads();  // q̂ and k̂ are ready
-    float u = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      int const row = warp * kRows + i;
-      s[i] *= decay;
-      if (row < dk) u = fmaf(s[i], k_hat[row], u);
-    }
-    part_u[warp * kCols + lane] = u;
-    __syncthreads();
-    float sum_u = 0.0f;
-    for (int w = 0; w < warps; ++w) sum_u += part_u[w * kCols + lane];
-    float const v = has_col ? a.v[t * p.vs + static_cast<std::int64_t>(h) * dv + col] : 0.0f;
-    float const delta = beta * (v - sum_u);
-    float o = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      int const row = warp * kRows + i;
-      if (row < dk) {
-        s[i] = fmaf(k_hat[row], delta, s[i]);
-        o = fmaf(s[i], q_hat[row], o);
-      }
-    }
-    part_o[warp * kCols + lane] = o;
-    __syncthreads();
-    if (warp == 0 && has_col) {
-      float sum_o = 0.0f;
-      for (int w = 0; w < warps; ++w) sum_o += part_o[w * kCols + lane];
-      a.out[(t * a.n_head_v + h) * static_cast<std::int64_t>(dv) + col] = sum_o;
-    }
-    // The next token's q̂, k̂ and partial sums overwrite this token's only after every
-    // warp has read them: the barrier before part_o's reads covers q̂/k̂/part_u, and part_o
-    // is next written after two more barriers.
+    float const v = c.has_col ? a.v[t * p.vs + static_cast<std::int64_t>(h) * c.dv + c.col] : 0.0f;
+    token_step(c, s, a.q + t * p.qs + kh * c.dk, a.k + t * p.ks + kh * c.dk, v, expf(a.g[t * a.n_head_v + h]),
+               a.beta[t * a.n_head_v + h], a.l2norm_eps, p.q_scale, a.out + (t * a.n_head_v + h) * c.dv);
   }
-  store_columns(s, dk, dv, warp, col, state);
+  store_columns(s, c.dk, c.dv, c.warp, c.col, state);
 }
 
 /// Grid: x column blocks of kCols, y value heads.
@@ -381,7 +405,7 @@ Status launch(GatedDeltaArgs const& a, stream_t stream) {
   p.q_scale = 1.0f / std::sqrt(static_cast<float>(a.d_k));
   if (a.form == DeltaRuleForm::kChunked && a.n_tokens > kMinChunkedTokens)
     return launch_chunked<Arch>(p, warps, static_cast<cudaStream_t>(stream));
-  std::size_t const smem = (2 * static_cast<std::size_t>(a.d_k) + 2 * static_cast<std::size_t>(warps) * kCols) * sizeof(float);
+  std::size_t const smem = static_cast<std::size_t>(Columns::floats(a.d_k, warps)) * sizeof(float);
   dim3 const grid(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v));
   recurrent_kernel<Arch><<<grid, 32 * warps, smem, stream>>>(p);
   return cuda::last_launch_status();

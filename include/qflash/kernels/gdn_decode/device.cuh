@@ -1,18 +1,22 @@
 /// @file
-/// kernels/gdn_decode on CUDA, shared by sm80.cuh and sm90a.cuh: two launches for up to
-/// kSeqsPerLaunch sequences (their rows and state pointers travel in the kernels' parameters,
-/// so a captured CUDA graph holds them by value), where the separate ops take three launches
-/// per sequence.
-///  1. conv_kernel: one thread per (sequence, channel) sums the K taps in causal_conv1d's
-///     order, applies SiLU and moves the conv state on by the token (it alone reads and
-///     writes that channel's state); raw gates become the gates there too (gdn_gates' gate(),
-///     the first CTA of each sequence's channels).
-///  2. recurrent_kernel: gated_delta's recurrent CTA (gated_delta_cuda::recurrent_columns) on
-///     each sequence's row and state, the sequence in blockIdx.z. With the output norm, the
-///     last of a value head's CTAs to finish (counted on a stream counter per sequence and
-///     head, which it sets back to zero) norms the head's row (gated_rmsnorm_cuda::norm_row).
-///     Without the counters (a graph capture before they were made) the norm is its own
-///     launch per sequence.
+/// kernels/gdn_decode on CUDA, shared by sm80.cuh and sm90a.cuh: one launch for up to
+/// kSeqsPerLaunch sequences (their rows and state pointers travel in the kernel's parameters,
+/// so a captured CUDA graph holds them by value), where the separate ops take two launches per
+/// sequence (the conv and the recurrence) and one each for the gates and the norm.
+///
+/// step_kernel's CTA is gated_delta's recurrent CTA (gated_delta_cuda::token_step) on 32 state
+/// columns of one value head of one sequence, with the conv and the gates before it and the
+/// norm after:
+///  - it convolves its q/k head's q and k channels into shared memory (each CTA of the head's
+///    value heads does, from the same state), and its own v channels, whose conv state it
+///    moves on by the token; the conv sums the taps in causal_conv1d's order, then SiLU;
+///  - raw gates become the gates as gdn_gates' gates_of() computes them;
+///  - the last of a q/k head's CTAs to finish (counted on a stream counter per sequence and
+///    q/k head, which it sets back to zero) moves the q and k conv state on, writes the gates
+///    in place and applies the gated RMSNorm to its value heads' rows
+///    (gated_rmsnorm_cuda::norm_row).
+/// So the op needs the stream's counters: made outside a graph capture (the model's stream has
+/// them from its start), it fails without them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,66 +35,115 @@
 namespace qflash::kernels::gdn_decode_cuda {
 
 inline constexpr int kSeqsPerLaunch = 64;  ///< keeps the parameters under 4 KiB
-inline constexpr int kConvThreads = 256;
 
 struct Params {
   GdnDecodeArgs a;  ///< its host arrays (rows, conv_state, state) are not read on the device
   std::int64_t rows[kSeqsPerLaunch];
   float* conv_state[kSeqsPerLaunch];
   float* state[kSeqsPerLaunch];
-  unsigned* done;  ///< the norm's CTAs done [sequences][n_head_v] (stream counters); null: no norm here
+  unsigned* done;  ///< the CTAs done [sequences][n_head_k] (stream counters)
 };
 
-/// Grid: x channel blocks, y sequences.
-template <class Arch, int kConv>
-__global__ void __launch_bounds__(kConvThreads) conv_kernel(Params const p) {
-  GdnDecodeArgs const& a = p.a;
-  int const k = kConv != kDynamic ? kConv : a.d_conv;
-  std::int64_t const cd = a.conv_dim();
-  int const i = static_cast<int>(blockIdx.y);
-  if (a.dt_bias && blockIdx.x == 0) {
-    GdnGatesArgs const gates = a.gates_args(p.rows[i]);
-    for (int h = static_cast<int>(threadIdx.x); h < a.n_head_v; h += kConvThreads) gdn_gates_cuda::gate(gates, h, h);
-  }
-  std::int64_t const c = static_cast<std::int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
-  if (c >= cd) return;
-  float const x = a.x[p.rows[i] * cd + c];
-  float* const st = k > 1 ? p.conv_state[i] + c * (k - 1) : nullptr;
-  float const* const w = a.conv_weight + c * k;
+/// Channel ch's output for a token x: silu of the conv over the k - 1 carried inputs `st` (null
+/// when k == 1) and x, the taps summed in causal_conv1d's order.
+__device__ __forceinline__ float conv_channel(GdnDecodeArgs const& a, int k, std::int64_t ch, float x,
+                                              float const* st) {
+  float const* const w = a.conv_weight + ch * k;
   float acc = w[0] * (k > 1 ? st[0] : x);
   for (int j = 1; j < k; ++j) acc += w[j] * (j < k - 1 ? st[j] : x);
-  a.conv_out[p.rows[i] * cd + c] = cuda::silu(acc);
+  return cuda::silu(acc);
+}
+
+/// The k - 1 carried inputs `st` moved on by x.
+__device__ __forceinline__ void move_state(float* st, int k, float x) {
   for (int j = 0; j + 1 < k - 1; ++j) st[j] = st[j + 1];
   if (k > 1) st[k - 2] = x;
 }
 
-/// Grid: x column blocks of gated_delta_cuda::kCols, y value heads, z sequences.
-template <class Arch>
-__global__ void __launch_bounds__(32 * gated_delta_cuda::kMaxWarps, 2) recurrent_kernel(Params const p) {
+/// Shared floats of step_kernel besides gated_delta's Columns: q and k after the conv
+/// [2 d_k], v after the conv [kCols], g and β.
+__host__ __device__ inline int step_floats(int d_k) { return 2 * d_k + gated_delta_cuda::kCols + 2; }
+
+/// Grid: x column blocks of gated_delta_cuda::kCols, y value heads, z sequences; block
+/// 32 * ceil(d_k / 32) threads.
+template <class Arch, int kConv>
+__global__ void __launch_bounds__(32 * gated_delta_cuda::kMaxWarps, 2) step_kernel(Params const p) {
+  using namespace gated_delta_cuda;
+  extern __shared__ float smem[];
   GdnDecodeArgs const& a = p.a;
-  int const i = static_cast<int>(blockIdx.z);
-  GatedDeltaArgs const d = a.delta_args(p.rows[i], p.state[i]);
-  gated_delta_cuda::Params g{};
-  g.qs = g.ks = g.vs = d.q_stride;
-  g.group = a.n_head_v / a.n_head_k;
-  g.q_scale = 1.0f / sqrtf(static_cast<float>(a.d_k));
-  gated_delta_cuda::recurrent_columns(g, d);
-  if (!p.done) return;
-  __threadfence();  // this CTA's columns, before its count
+  int const k = kConv != kDynamic ? kConv : a.d_conv;
+  int const i = static_cast<int>(blockIdx.z), h = static_cast<int>(blockIdx.y);
+  int const hv = a.n_head_v, dk = a.d_k, dv = a.d_v, group = hv / a.n_head_k;
+  int const kh = a.tiled_value_heads ? h % a.n_head_k : h / group;
+  auto value_head = [&](int j) { return a.tiled_value_heads ? kh + j * a.n_head_k : kh * group + j; };
+  std::int64_t const cd = a.conv_dim(), key_dim = std::int64_t{a.n_head_k} * dk, row = p.rows[i];
+  float const* const x = a.x + row * cd;
+  float* const y = a.conv_out + row * cd;
+  float* const conv_state = p.conv_state[i];  // null when k == 1
+  auto carried = [&](std::int64_t ch) { return k > 1 ? conv_state + ch * (k - 1) : nullptr; };
+  // Channel of q (j < d_k) or k (j - d_k) of the q/k head.
+  auto qk_channel = [&](int j) { return (j < dk ? 0 : key_dim - dk) + std::int64_t{kh} * dk + j; };
+
+  Columns const c(dk, dv, smem);
+  float* const qk = smem + Columns::floats(dk, c.warps);  // [2 d_k]
+  float* const v_conv = qk + 2 * dk;                      // [kCols]
+  float* const gates = v_conv + kCols;                    // g, β
+  float* const state = p.state[i] + static_cast<std::int64_t>(h) * dk * dv;
+  float s[kRows];
+  load_columns(state, dk, dv, c.warp, c.col, s);  // in flight during the conv
+
+  bool const writes_qk = h == value_head(0) && blockIdx.x == 0;  // one CTA writes q and k out
+  for (int j = static_cast<int>(threadIdx.x); j < 2 * dk; j += static_cast<int>(blockDim.x)) {
+    std::int64_t const ch = qk_channel(j);
+    qk[j] = conv_channel(a, k, ch, x[ch], carried(ch));
+    if (writes_qk) y[ch] = qk[j];
+  }
+  if (c.warp == 0 && c.has_col) {  // the CTA's own v channels
+    std::int64_t const ch = 2 * key_dim + std::int64_t{h} * dv + c.col;
+    float* const st = carried(ch);
+    v_conv[c.lane] = conv_channel(a, k, ch, x[ch], st);
+    y[ch] = v_conv[c.lane];
+    if (k > 1) move_state(st, k, x[ch]);
+  }
+  if (threadIdx.x == 0) {
+    float g = a.g[row * hv + h], beta = a.beta[row * hv + h];
+    if (a.dt_bias) {
+      gdn_gates_cuda::Gates const r = gdn_gates_cuda::gates_of(a.gates_args(row), g, beta, h);
+      g = r.g;
+      beta = r.beta;
+    }
+    gates[0] = g;
+    gates[1] = beta;
+  }
+  __syncthreads();
+  token_step(c, s, qk, qk + dk, c.has_col ? v_conv[c.lane] : 0.0f, expf(gates[0]), gates[1], a.l2norm_eps,
+             1.0f / sqrtf(static_cast<float>(dk)), a.out + (row * hv + h) * dv);
+  store_columns(s, dk, dv, c.warp, c.col, state);
+
+  __threadfence();  // this CTA's out columns, before its count
   __syncthreads();
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    __threadfence();  // the CTA's columns, seen through the barrier, before the count
-    unsigned* const done = p.done + i * a.n_head_v + blockIdx.y;
-    last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __threadfence();  // the CTA's writes, seen through the barrier, before the count
+    unsigned* const done = p.done + i * a.n_head_k + kh;
+    last = atomicAdd(done, 1u) == static_cast<unsigned>(group) * gridDim.x - 1;
     if (last) *done = 0;
   }
   __syncthreads();
-  if (!last || threadIdx.x >= 32) return;
-  __threadfence();  // every CTA's columns, after their counts
-  std::int64_t const at = (p.rows[i] * a.n_head_v + blockIdx.y) * std::int64_t{a.d_v};  // the head's row
-  gated_rmsnorm_cuda::norm_row(a.out + at, a.z + at, a.norm_weight, a.out + at, a.d_v, a.norm_eps,
-                               static_cast<int>(threadIdx.x));
+  if (!last) return;
+  __threadfence();  // every CTA's writes and reads, before the state, gates and rows they used
+  for (int j = static_cast<int>(threadIdx.x); k > 1 && j < 2 * dk; j += static_cast<int>(blockDim.x)) {
+    std::int64_t const ch = qk_channel(j);
+    move_state(carried(ch), k, x[ch]);
+  }
+  if (a.dt_bias)
+    for (int j = static_cast<int>(threadIdx.x); j < group; j += static_cast<int>(blockDim.x))
+      gdn_gates_cuda::gate(a.gates_args(row), value_head(j), value_head(j));
+  if (a.norm_weight)
+    for (int j = c.warp; j < group; j += c.warps) {
+      std::int64_t const at = (row * hv + value_head(j)) * std::int64_t{dv};  // the head's row
+      gated_rmsnorm_cuda::norm_row(a.out + at, a.z + at, a.norm_weight, a.out + at, dv, a.norm_eps, c.lane);
+    }
 }
 
 /// The body of `launch_gdn_decode<S>(Arch, args, stream)` for a CUDA arch tag.
@@ -98,18 +151,15 @@ template <class Arch, MoeSpec S>
 Status launch(GdnDecodeArgs const& a, stream_t stream) {
   using namespace gated_delta_cuda;
   if (Status s = can_implement_gdn_decode<S>(a); s != Status::kSuccess) return s;
+  if (a.n_seqs == 0) return Status::kSuccess;
   int const warps = (a.d_k + kRows - 1) / kRows;
-  if (warps > kMaxWarps) return Status::kErrorNotSupported;
-  std::int64_t const cd = a.conv_dim();
-  std::size_t const smem =
-      (2 * static_cast<std::size_t>(a.d_k) + 2 * static_cast<std::size_t>(warps) * kCols) * sizeof(float);
-  // The norm counts each sequence's value heads' CTAs on stream counters: as many sequences a
-  // launch as there are counters for.
-  int per_launch = kSeqsPerLaunch;
-  unsigned* const done = a.norm_weight && a.n_head_v <= cuda::kStreamCounters
-                             ? cuda::stream_counters(static_cast<cudaStream_t>(stream))
-                             : nullptr;
-  if (done) per_launch = std::min(per_launch, cuda::kStreamCounters / a.n_head_v);
+  if (warps > kMaxWarps || a.n_head_k > cuda::kStreamCounters) return Status::kErrorNotSupported;
+  auto const cs = static_cast<cudaStream_t>(stream);
+  unsigned* const done = cuda::stream_counters(cs);
+  if (!done) return Status::kErrorCuda;
+  std::size_t const smem = static_cast<std::size_t>(Columns::floats(a.d_k, warps) + step_floats(a.d_k)) * sizeof(float);
+  // Each sequence's q/k heads count their CTAs on counters of their own.
+  int const per_launch = std::min(kSeqsPerLaunch, cuda::kStreamCounters / a.n_head_k);
   for (int first = 0; first < a.n_seqs; first += per_launch) {
     int const n = std::min(per_launch, a.n_seqs - first);
     Params p{};
@@ -120,18 +170,11 @@ Status launch(GdnDecodeArgs const& a, stream_t stream) {
       p.conv_state[i] = a.d_conv > 1 ? a.conv_state[first + i] : nullptr;
       p.state[i] = a.state[first + i];
     }
-    dim3 const conv_grid(static_cast<unsigned>((cd + kConvThreads - 1) / kConvThreads), static_cast<unsigned>(n));
-    conv_kernel<Arch, S.d_conv><<<conv_grid, kConvThreads, 0, stream>>>(p);
-    if (Status s = cuda::last_launch_status(); s != Status::kSuccess) return s;
     dim3 const grid(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v),
                     static_cast<unsigned>(n));
-    recurrent_kernel<Arch><<<grid, 32 * warps, smem, stream>>>(p);
+    step_kernel<Arch, S.d_conv><<<grid, 32 * warps, smem, cs>>>(p);
     if (Status s = cuda::last_launch_status(); s != Status::kSuccess) return s;
   }
-  if (a.norm_weight && !done)
-    for (int i = 0; i < a.n_seqs; ++i)
-      if (Status s = gated_rmsnorm_cuda::launch<Arch, S>(a.norm_args(a.rows[i]), stream); s != Status::kSuccess)
-        return s;
   return Status::kSuccess;
 }
 

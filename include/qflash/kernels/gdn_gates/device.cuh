@@ -16,11 +16,21 @@ namespace qflash::kernels::gdn_gates_cuda {
 inline constexpr int kThreads = 256;
 inline constexpr std::int64_t kMaxBlocks = 1 << 16;
 
-/// Value i of a's rows, value head h, in place (also kernels/gdn_decode's, for raw gates).
+struct Gates {
+  float g, beta;
+};
+
+/// Value head h's gates from its raw a and b (also kernels/gdn_decode's).
+__device__ __forceinline__ Gates gates_of(GdnGatesArgs const& args, float a, float b, int h) {
+  float const x = a + args.dt_bias[h];
+  return {args.neg_a[h] * (x > 20.0f ? x : log1pf(expf(x))), 1.0f / (1.0f + expf(-b))};
+}
+
+/// Value i of a's rows, value head h, in place (also kernels/gdn_decode's).
 __device__ __forceinline__ void gate(GdnGatesArgs const& a, std::int64_t i, int h) {
-  a.beta[i] = 1.0f / (1.0f + expf(-a.beta[i]));
-  float const x = a.g[i] + a.dt_bias[h];
-  a.g[i] = a.neg_a[h] * (x > 20.0f ? x : log1pf(expf(x)));
+  Gates const r = gates_of(a, a.g[i], a.beta[i], h);
+  a.g[i] = r.g;
+  a.beta[i] = r.beta;
 }
 
 template <class Arch>

@@ -48,11 +48,19 @@ class CudaManagedMemory final : public Memory {
 
   [[nodiscard]] int device() const { return device_; }
   /// A stream of this memory's device for a model's work (the kernels' workspace is per
-  /// stream); blocking, so it is ordered after work on the legacy default stream.
+  /// stream); blocking, so it is ordered after work on the legacy default stream. Its kernels'
+  /// counters are made with it, so a step captured into a graph has them.
   [[nodiscard]] stream_t stream() {
     if (!stream_) {
       activate();
-      check_cuda(cudaStreamCreate(&stream_), "creating a stream on CUDA device " + std::to_string(device_));
+      cudaStream_t stream = nullptr;
+      check_cuda(cudaStreamCreate(&stream), "creating a stream on CUDA device " + std::to_string(device_));
+      if (!kernels::cuda::stream_counters(stream)) {
+        kernels::cuda::release_stream_workspace(stream);
+        cudaStreamDestroy(stream);
+        QFLASH_FAIL("allocating the kernels' counters on CUDA device ", device_);
+      }
+      stream_ = stream;
     }
     return stream_;
   }

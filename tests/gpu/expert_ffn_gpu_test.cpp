@@ -134,6 +134,7 @@ struct Case {
   bool fused = true;
   bool lora = false;  // tokens take adapter 1, adapter 2 and none in turn
   bool accumulate = true;  // false: out starts as NaN, which must not be read
+  int unused = 0;          // slots every token leaves unused, the last ones
 };
 
 bool fits(WeightFormat f, std::int64_t d_model, std::int64_t d_ff) { return row_fits(f, d_model) && row_fits(f, d_ff); }
@@ -150,6 +151,7 @@ void check_case(Case const& c) {
   CAPTURE(c.fused);
   CAPTURE(c.lora);
   CAPTURE(c.accumulate);
+  CAPTURE(c.unused);
   test::ExpertCase h;
   for (int e = 0; e < c.n_expert; ++e) {
     std::uint64_t const seed = 100 + 3 * static_cast<std::uint64_t>(e);
@@ -162,7 +164,8 @@ void check_case(Case const& c) {
     for (int j = 0; j < c.k; ++j) {
       // Token 2 and every fifth use one slot fewer (dynamic routing), as does a lone token
       // beside a shared expert or of gate and up apart; the rest spread over the experts.
-      bool const unused = j == c.k - 1 && (t == 2 || t % 5 == 4 || (c.tokens == 1 && (c.shared || c.gate != c.up)));
+      bool const unused = j >= c.k - c.unused ||
+                          (j == c.k - 1 && (t == 2 || t % 5 == 4 || (c.tokens == 1 && (c.shared || c.gate != c.up))));
       h.routes.push_back(unused ? kNoExpert : static_cast<std::int32_t>((t * 3 + j * 7) % c.n_expert));
       h.route_weights.push_back(unused ? 0.0f : 0.4f - 0.05f * static_cast<float>(j));
     }
@@ -236,6 +239,11 @@ void check_instance() {
     if ((S.weights != WeightFormat::kAny && S.weights != f) || !fits(f, d_model, d_ff)) continue;
     for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{3}, std::int64_t{37}})
       check_case<S, Tag>({.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = tokens});
+    // One token by slot without a shared expert, written and added to: a slot unused, then all.
+    for (int unused : {1, 4})
+      for (bool accumulate : {false, true})
+        check_case<S, Tag>({.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = 1,
+                            .accumulate = accumulate, .unused = unused});
     if (fits(f, d_model, d_ff_shared)) {
       Case c{.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = 1, .shared = f,
              .d_ff_shared = d_ff_shared};

@@ -2,8 +2,8 @@
 // the spec compiles, against the CPU twin and ref::linear: decode and prefill token counts,
 // aligned and unaligned rows (the vector and the scalar path), int4's short last group,
 // strided x and y, accumulate, token tiles past the grid's, bf16's and fp8's tensor-core
-// tiles, and linear_group's parts. Tolerance: fp32 sums in another order over the same decoded
-// weights and rounded activations.
+// tiles, linear_group's parts, and weights at an address the kernels cannot read (refused).
+// Tolerance: fp32 sums in another order over the same decoded weights and rounded activations.
 #include "gpu/gpu_main.hpp"
 
 #include <cstdint>
@@ -70,6 +70,11 @@ void check_case(Case const& c) {
   CHECK_MESSAGE(vs_cpu.ok, "GPU vs CPU twin: ", vs_cpu.report);
   auto const vs_ref = all_close<float, float>(got, want, kSum);
   CHECK_MESSAGE(vs_ref.ok, "GPU vs ref: ", vs_ref.report);
+  if (c.format != WeightFormat::kFp8E4m3 && c.tokens == 1) {  // weights at an odd address: refused
+    WeightView odd = dw;
+    odd.data = bytes.get() + 1;
+    CHECK(launch_linear<S>(Tag{}, args(odd, dx.get(), dy.get()), nullptr) == Status::kErrorMisalignedOperand);
+  }
 }
 
 /// linear_group: three parts of one input (one accumulating at a stride) against the CPU's;

@@ -1,7 +1,7 @@
 // The whole model on CUDA (runtime/cuda/model.hpp) against the transformers fixtures and its
 // CPU twin: logits of whole prompts and of token-by-token decode, the greedy continuation, a
-// ragged batch, the default model in several weight schemes, LoRA adapters against PEFT, and what
-// a device model refuses.
+// ragged batch and its sequences decoding together, the default model in several weight schemes,
+// LoRA adapters against PEFT, and what a device model refuses.
 #include "gpu/gpu_main.hpp"
 
 #include <algorithm>
@@ -65,11 +65,12 @@ runtime::LoadedModel load(std::string const& dir, runtime::WeightScheme w = runt
 using Routes = std::vector<std::int32_t>;
 
 /// What a test reads from one model: logits of whole prompts, of token-by-token decode, the
-/// last tokens' logits of a ragged batch, and a greedy continuation; the routes of each token
-/// of the first two.
+/// last tokens' logits of a ragged batch, then of its sequences decoding together (and each
+/// alone), and a greedy continuation; the routes of each token of the first two.
 struct Run {
   std::vector<std::vector<float>> full;
   std::vector<float> incremental, ragged, alone;
+  std::vector<float> batch_decode, decode_alone;  // [step][sequence][vocab]
   std::vector<std::int32_t> greedy;
   std::vector<std::vector<Routes>> full_routes;  // [prompt][token]
   std::vector<Routes> incremental_routes;        // [token]
@@ -128,18 +129,45 @@ Run run(M& m, std::vector<std::vector<std::int32_t>> const& prompts, int n_greed
     }
   }
   m.set_route_observer({});
-  {  // every prompt in one batch, and each prompt's last logits alone
+  {  // every prompt in one batch, then its sequences decoding together; each prompt alone
+    constexpr int kDecodeSteps = 4;
+    // Sequence i's token at decode step `step`: fixed, so that both devices decode the same.
+    auto token = [&](std::size_t i, int step) {
+      return prompts[i][static_cast<std::size_t>(step) % prompts[i].size()];
+    };
     std::vector<model::SequenceState> states;
     for (std::size_t i = 0; i < prompts.size(); ++i) states.push_back(m.new_sequence());
     std::vector<model::SequenceChunk> chunks;
     for (std::size_t i = 0; i < prompts.size(); ++i) chunks.push_back({prompts[i], &states[i]});
     r.ragged = forward(m, chunks, model::LogitsFor::kLastToken);
-    for (auto const& p : prompts) {
+    std::vector<std::int32_t> ids(prompts.size());
+    for (int step = 0; step < kDecodeSteps; ++step) {
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        ids[i] = token(i, step);
+        chunks[i] = {std::span(&ids[i], 1), &states[i]};
+      }
+      auto const logits = forward(m, chunks, model::LogitsFor::kLastToken);
+      r.batch_decode.insert(r.batch_decode.end(), logits.begin(), logits.end());
+    }
+    std::vector<std::vector<float>> decoded(prompts.size());  // [sequence][step][vocab]
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
       auto s = m.new_sequence();
-      model::SequenceChunk const c{p, &s};
+      model::SequenceChunk const c{prompts[i], &s};
       auto const last = forward(m, std::span(&c, 1), model::LogitsFor::kLastToken);
       r.alone.insert(r.alone.end(), last.begin(), last.end());
+      for (int step = 0; step < kDecodeSteps; ++step) {
+        std::int32_t const id = token(i, step);
+        model::SequenceChunk const d{std::span(&id, 1), &s};
+        auto const logits = forward(m, std::span(&d, 1), model::LogitsFor::kLastToken);
+        decoded[i].insert(decoded[i].end(), logits.begin(), logits.end());
+      }
     }
+    std::size_t const vocab = r.alone.size() / prompts.size();
+    for (int step = 0; step < kDecodeSteps; ++step)
+      for (auto const& d : decoded) {
+        auto const row = d.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(step) * vocab);
+        r.decode_alone.insert(r.decode_alone.end(), row, row + static_cast<std::ptrdiff_t>(vocab));
+      }
   }
   auto s = m.new_sequence();
   std::vector<std::int32_t> next = prompts.front();
@@ -218,6 +246,7 @@ void check_block_twins(Run const& gpu, Run const& cpu, double scale) {
     check("prompt " + std::to_string(i), gpu.full[i], cpu.full[i], gpu.full_routes[i], cpu.full_routes[i]);
   check("token by token", gpu.incremental, cpu.incremental, gpu.incremental_routes, cpu.incremental_routes);
   CHECK(test::max_abs_diff(gpu.ragged, gpu.alone) <= kBlockTwinMax * scale);  // one device: rows do not mix
+  CHECK(test::max_abs_diff(gpu.batch_decode, gpu.decode_alone) <= kBlockTwinMax * scale);
   CHECK(gpu.greedy == cpu.greedy);
 }
 
@@ -233,6 +262,8 @@ void check_twins(Run const& gpu, Run const& cpu, double tol, double rms = HUGE_V
   check("token by token", gpu.incremental, cpu.incremental);
   check("ragged batch", gpu.ragged, cpu.ragged);
   CHECK(test::max_abs_diff(gpu.ragged, gpu.alone) <= tol);
+  check("sequences decoding together", gpu.batch_decode, cpu.batch_decode);
+  CHECK(test::max_abs_diff(gpu.batch_decode, gpu.decode_alone) <= tol);
   CHECK(gpu.greedy == cpu.greedy);
 }
 
@@ -304,6 +335,8 @@ TEST_CASE("model on CUDA: steps recorded as CUDA graphs give the logits and rout
     for (std::size_t i = 0; i < plain.full.size(); ++i) CHECK(test::max_abs_diff(graphed.full[i], plain.full[i]) == 0.0);
     CHECK(test::max_abs_diff(graphed.incremental, plain.incremental) == 0.0);
     CHECK(test::max_abs_diff(graphed.ragged, plain.ragged) == 0.0);
+    CHECK(test::max_abs_diff(graphed.batch_decode, plain.batch_decode) == 0.0);
+    CHECK(test::max_abs_diff(graphed.decode_alone, plain.decode_alone) == 0.0);
     CHECK(graphed.greedy == plain.greedy);
 
     // A route observer reads each step's routing after the step: its steps are recorded too,

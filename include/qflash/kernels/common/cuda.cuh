@@ -1,10 +1,14 @@
 /// @file
-/// Device helpers the CUDA kernels share: warp reductions, silu and the launch status.
+/// Device helpers the CUDA kernels share: warp reductions, silu, where weights must lie, and the
+/// launch status.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "qflash/core/status.hpp"
+#include "qflash/numeric/weight_format.hpp"
 
 namespace qflash::kernels::cuda {
 
@@ -30,6 +34,15 @@ __device__ __forceinline__ float warp_min(float v) {
 __device__ __forceinline__ float silu(float x) {
   float const e = expf(-fabsf(x));
   return x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e));
+}
+
+/// Whether the kernels can read `w` where it lies: f32 values at 4-byte addresses; bf16, f16
+/// and the block formats' 16-bit fields at even ones; fp8 anywhere, its float scales at 4. (The
+/// CPU reads any address.)
+inline bool device_aligned(WeightView const& w) {
+  std::uintptr_t const need = w.format == WeightFormat::kF32 ? 4 : w.format == WeightFormat::kFp8E4m3 ? 1 : 2;
+  return reinterpret_cast<std::uintptr_t>(w.data) % need == 0 &&
+         reinterpret_cast<std::uintptr_t>(w.scales) % alignof(float) == 0;
 }
 
 /// kErrorCuda when the last launch failed (e.g. no kernel image for this device).

@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) embedding_kernel(EmbeddingArgs co
 template <class Arch, MoeSpec S>
 Status launch(EmbeddingArgs const& a, stream_t stream) {
   if (Status s = can_implement_embedding_shape<S>(a); s != Status::kSuccess) return s;
+  if (!cuda::device_aligned(a.table)) return Status::kErrorMisalignedOperand;
   int const unit = unit_of(a.table.format);
   std::int64_t const work = a.n_tokens * ((a.table.cols + unit - 1) / unit);
   if (work == 0) return Status::kSuccess;

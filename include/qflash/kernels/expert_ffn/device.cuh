@@ -606,13 +606,17 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   std::optional<Set> shared;
   if (a.shared) shared = Set{{a.shared->gate}, {a.shared->up}, {a.shared->down}};
   std::array<Set const*, 2> const sets{shared ? &*shared : nullptr, &routed};  // in row order
+  auto const n_expert = static_cast<std::int64_t>(a.experts.size());
   for (Set const* set : sets) {
     if (!set) continue;
-    for (StackedView const* w : {&set->gate, &set->up, &set->down})
+    for (StackedView const* w : {&set->gate, &set->up, &set->down}) {
       if (Status st = can_implement_weight<S>(w->first); st != Status::kSuccess) return st;
+      // Every expert where the first is, when their stride keeps the alignment.
+      if (!cuda::device_aligned(w->first) || (n_expert > 1 && !cuda::device_aligned(w->at(1))))
+        return Status::kErrorMisalignedOperand;
+    }
   }
 
-  auto const n_expert = static_cast<std::int64_t>(a.experts.size());
   std::int64_t const n_slots = a.n_tokens * a.n_expert_used;
   std::int64_t const shared_rows = shared ? a.n_tokens : 0;
   std::int64_t const rows = shared_rows + n_slots;

@@ -330,6 +330,7 @@ inline Params params_of(LinearArgs const& a) {
 template <class Arch, MoeSpec S>
 Status launch(LinearArgs const& a, stream_t stream) {
   if (Status s = can_implement_linear<S>(a); s != Status::kSuccess) return s;
+  if (!cuda::device_aligned(a.w)) return Status::kErrorMisalignedOperand;
   if (a.n_tokens == 0) return Status::kSuccess;
   Params const p = params_of(a);
   return with_format<S>(a.w.format,

@@ -70,7 +70,9 @@ template <MoeSpec S>
 }
 
 /// Launchers, one overload per arch tag with an implementation: cpu.hpp, and sm80.cuh /
-/// sm90a.cuh (device pointers); any other arch stops the build here with the op's name.
+/// sm90a.cuh (device pointers; weights at addresses the device can read, else
+/// kErrorMisalignedOperand: cuda::device_aligned); any other arch stops the build here with
+/// the op's name.
 template <MoeSpec S>
 Status launch_linear(arch::Cpu, LinearArgs const& args, stream_t stream = nullptr);
 template <MoeSpec S>

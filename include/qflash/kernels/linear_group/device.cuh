@@ -45,6 +45,8 @@ template <class Arch, MoeSpec S>
 Status launch(LinearGroupArgs const& a, stream_t stream_arg) {
   using namespace linear_cuda;
   if (Status s = can_implement_linear_group<S>(a); s != Status::kSuccess) return s;
+  for (LinearArgs const& part : a.used())
+    if (!cuda::device_aligned(part.w)) return Status::kErrorMisalignedOperand;
   if (a.parts[0].n_tokens == 0) return Status::kSuccess;
   auto const stream = static_cast<cudaStream_t>(stream_arg);
   if (one_quantization(a)) {

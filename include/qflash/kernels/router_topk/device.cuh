@@ -166,6 +166,7 @@ template <class Arch, MoeSpec S>
 Status launch(RouterTopkArgs const& args, stream_t stream_arg) {
   if (Status s = can_implement_router_topk_shape<S>(args); s != Status::kSuccess) return s;
   if (args.n_expert > kMaxExperts || args.n_expert_used > kMaxSlots) return Status::kErrorNotSupported;
+  if (args.gemv && !cuda::device_aligned(args.gemv->gate)) return Status::kErrorMisalignedOperand;
   if (args.n_tokens == 0) return Status::kSuccess;
   auto const stream = static_cast<cudaStream_t>(stream_arg);
   if (args.gemv) {

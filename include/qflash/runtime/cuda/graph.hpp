@@ -6,6 +6,9 @@
 /// decode, where launching costs more than the kernels' work (on an H200 the default model,
 /// whose kernels are tiny, took 0.74 ms a decode step).
 /// Not yet run on a GPU: opt-in (runtime/cuda/model.hpp, QFLASH_CUDA_GRAPHS=1).
+/// The model's stream is a blocking one (ordered after the legacy stream): while a step is
+/// being captured, another thread's work on the same device's legacy stream fails, and the
+/// capture with it (the step then runs plainly). One recorder serves one host thread.
 ///
 /// Host code that calls the CUDA runtime API: include it only where CUDA is enabled.
 #pragma once

@@ -1,6 +1,7 @@
 /// @file
-/// Helpers shared by the Gated DeltaNet ops (causal_conv1d, gated_delta, gated_rmsnorm):
-/// an argument-overlap check, and a vectorisable fp32 exp / SiLU for the CPU kernels.
+/// Helpers shared by the Gated DeltaNet ops (causal_conv1d, gated_delta, gated_rmsnorm,
+/// gdn_decode): which q/k head a value head reads, an argument-overlap check, and a
+/// vectorisable fp32 exp / SiLU for the CPU kernels.
 ///
 /// `std::exp` is an opaque libm call that keeps a loop scalar; `exp_nonpositive_f32` is plain
 /// arithmetic (Cody-Waite reduction by ln 2 and the Cephes `expf` polynomial), so a loop of it
@@ -15,6 +16,17 @@
 #include "qflash/core/config.hpp"
 
 namespace qflash::kernels::gdn {
+
+/// The q/k head that value head h reads, of n_head_k q/k heads and n_head_v value heads: h / group
+/// (group = n_head_v / n_head_k, the checkpoint's order), or h mod n_head_k with tiled value heads
+/// (the order llama.cpp's converter stores).
+QFLASH_HD constexpr int key_head(int h, int n_head_k, int n_head_v, bool tiled) {
+  return tiled ? h % n_head_k : h / (n_head_v / n_head_k);
+}
+/// The value head j (< group) of those that read q/k head kh; key_head's inverse.
+QFLASH_HD constexpr int value_head(int kh, int j, int n_head_k, int n_head_v, bool tiled) {
+  return tiled ? kh + j * n_head_k : kh * (n_head_v / n_head_k) + j;
+}
 
 /// True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) intersect.
 inline bool ranges_overlap(void const* a, std::int64_t a_bytes, void const* b, std::int64_t b_bytes) {

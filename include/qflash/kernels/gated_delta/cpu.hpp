@@ -562,20 +562,12 @@ class AlignedFloats {
 /// Operand addressing of one call.
 struct Layout {
   std::int64_t qs, ks, vs;  // token strides of q, k, v
-  int group;                // value heads per q/k head
-  int n_head_k;
-  bool tiled;               // value head h reads q/k head h % n_head_k, else h / group
   float q_scale;            // 1 / sqrt(d_k)
 
-  [[nodiscard]] int key_head(int h) const { return tiled ? h % n_head_k : h / group; }
-
   explicit Layout(GatedDeltaArgs const& a)
-      : qs(a.q_stride ? a.q_stride : std::int64_t{a.n_head_k} * a.d_k),
-        ks(a.k_stride ? a.k_stride : std::int64_t{a.n_head_k} * a.d_k),
-        vs(a.v_stride ? a.v_stride : std::int64_t{a.n_head_v} * a.d_v),
-        group(a.n_head_v / a.n_head_k),
-        n_head_k(a.n_head_k),
-        tiled(a.tiled_value_heads),
+      : qs(a.q_stride_or_default()),
+        ks(a.k_stride_or_default()),
+        vs(a.v_stride_or_default()),
         q_scale(1.0f / std::sqrt(static_cast<float>(a.d_k))) {}
 };
 
@@ -652,7 +644,7 @@ inline void recurrent_block(RowKernels const& rk, GatedDeltaArgs const& a, Layou
     int const h = static_cast<int>(item / n_tiles);
     int const c0 = static_cast<int>(item % n_tiles) * kTile;
     int const nc = std::min(kTile, dv - c0);
-    int const kh = l.key_head(h);
+    int const kh = a.key_head(h);
     float* const s = a.state + std::int64_t{h} * dk * dv;
     // One token reads the tile twice: a copy each way would cost more than the strided reads.
     bool const in_place = n == 1;
@@ -816,7 +808,7 @@ inline void chunked_block(RowKernels const& rk, GatedDeltaArgs const& a, Layout 
   for_each_item(a.n_head_v, shape.floats(lc, dk), [&](std::int64_t h, float* buf) {
     ChunkScratch sc = shape;
     sc.bind(buf, lc, dk);
-    int const kh = l.key_head(static_cast<int>(h));
+    int const kh = a.key_head(static_cast<int>(h));
     float* const s = a.state + h * dk * dv;
     for (std::int64_t tile = 0; tile < sc.n_tiles; ++tile) {
       int const c0 = static_cast<int>(tile) * kTile;

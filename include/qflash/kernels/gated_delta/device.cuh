@@ -39,7 +39,6 @@ inline constexpr int kMaxWarps = 8;    ///< d_k up to 256
 struct Params {
   GatedDeltaArgs a;
   std::int64_t qs, ks, vs;  ///< token strides
-  int group;                ///< value heads per q/k head
   float q_scale;            ///< 1 / sqrt(d_k)
 };
 
@@ -144,7 +143,7 @@ __device__ __forceinline__ void recurrent_columns(Params const& p, GatedDeltaArg
   extern __shared__ float smem[];
   Columns const c(a.d_k, a.d_v, smem);
   int const h = static_cast<int>(blockIdx.y);
-  int const kh = a.tiled_value_heads ? h % a.n_head_k : h / p.group;
+  int const kh = a.key_head(h);
   float* const state = a.state + static_cast<std::int64_t>(h) * c.dk * c.dv;
   float s[kRows];
   load_columns(state, c.dk, c.dv, c.warp, c.col, s);
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
   GatedDeltaArgs const& a = cp.p.a;
   int const dk = a.d_k, dv = a.d_v, c = cp.l.c, ldk = dk + 1;
   int const h = static_cast<int>(blockIdx.y);
-  int const kh = a.tiled_value_heads ? h % a.n_head_k : h / cp.p.group;
+  int const kh = a.key_head(h);
   std::int64_t const t0 = cp.t0 + static_cast<std::int64_t>(blockIdx.x) * c;
   int const n = static_cast<int>(min(static_cast<std::int64_t>(c), cp.t0 + cp.n - t0));
   int const warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
@@ -398,10 +397,9 @@ Status launch(GatedDeltaArgs const& a, stream_t stream) {
   if (warps > kMaxWarps) return Status::kErrorNotSupported;
   Params p{};
   p.a = a;
-  p.qs = a.q_stride ? a.q_stride : std::int64_t{a.n_head_k} * a.d_k;
-  p.ks = a.k_stride ? a.k_stride : std::int64_t{a.n_head_k} * a.d_k;
-  p.vs = a.v_stride ? a.v_stride : std::int64_t{a.n_head_v} * a.d_v;
-  p.group = a.n_head_v / a.n_head_k;
+  p.qs = a.q_stride_or_default();
+  p.ks = a.k_stride_or_default();
+  p.vs = a.v_stride_or_default();
   p.q_scale = 1.0f / std::sqrt(static_cast<float>(a.d_k));
   if (a.form == DeltaRuleForm::kChunked && a.n_tokens > kMinChunkedTokens)
     return launch_chunked<Arch>(p, warps, static_cast<cudaStream_t>(stream));

@@ -76,6 +76,21 @@ struct GatedDeltaArgs {
   /// Tokens per chunk of the chunked form, in [1, kMaxDeltaChunk] (ignored by kRecurrent); a
   /// call shorter than one chunk runs as one chunk of n_tokens.
   int chunk_size = 64;
+
+  /// Token strides with 0 resolved to the dense rows.
+  [[nodiscard]] constexpr QFLASH_HD std::int64_t q_stride_or_default() const {
+    return q_stride ? q_stride : std::int64_t{n_head_k} * d_k;
+  }
+  [[nodiscard]] constexpr QFLASH_HD std::int64_t k_stride_or_default() const {
+    return k_stride ? k_stride : std::int64_t{n_head_k} * d_k;
+  }
+  [[nodiscard]] constexpr QFLASH_HD std::int64_t v_stride_or_default() const {
+    return v_stride ? v_stride : std::int64_t{n_head_v} * d_v;
+  }
+  /// The q/k head value head h reads (gdn::key_head).
+  [[nodiscard]] constexpr QFLASH_HD int key_head(int h) const {
+    return gdn::key_head(h, n_head_k, n_head_v, tiled_value_heads);
+  }
 };
 
 /// Checks arguments; head counts and dims must equal the spec's linear-attention fields when
@@ -99,11 +114,10 @@ template <MoeSpec S>
     return Status::kErrorInvalidProblem;
   // Extents in bytes of every operand, for the overlap rules.
   constexpr std::int64_t kF = sizeof(float);
-  auto extent = [&](std::int64_t stride, std::int64_t row) {
-    return ((a.n_tokens - 1) * (stride ? stride : row) + row) * kF;
-  };
-  std::int64_t const q_bytes = extent(a.q_stride, qk_row), k_bytes = extent(a.k_stride, qk_row);
-  std::int64_t const v_bytes = extent(a.v_stride, v_row), out_bytes = a.n_tokens * v_row * kF;
+  auto extent = [&](std::int64_t stride, std::int64_t row) { return ((a.n_tokens - 1) * stride + row) * kF; };
+  std::int64_t const q_bytes = extent(a.q_stride_or_default(), qk_row);
+  std::int64_t const k_bytes = extent(a.k_stride_or_default(), qk_row);
+  std::int64_t const v_bytes = extent(a.v_stride_or_default(), v_row), out_bytes = a.n_tokens * v_row * kF;
   std::int64_t const gb_bytes = a.n_tokens * a.n_head_v * kF;
   std::int64_t const state_bytes = std::int64_t{a.n_head_v} * a.d_k * a.d_v * kF;
   using gdn::ranges_overlap;

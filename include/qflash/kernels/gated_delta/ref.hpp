@@ -13,10 +13,7 @@ namespace qflash::kernels::ref {
 
 inline void gated_delta(GatedDeltaArgs const& a) {
   std::int64_t const dk = a.d_k, dv = a.d_v;
-  std::int64_t const qs = a.q_stride ? a.q_stride : a.n_head_k * dk;
-  std::int64_t const ks = a.k_stride ? a.k_stride : a.n_head_k * dk;
-  std::int64_t const vs = a.v_stride ? a.v_stride : a.n_head_v * dv;
-  int const group = a.n_head_v / a.n_head_k;
+  std::int64_t const qs = a.q_stride_or_default(), ks = a.k_stride_or_default(), vs = a.v_stride_or_default();
   std::vector<double> buf(static_cast<std::size_t>(dk * dv + 2 * dk + dv));
   double* const s = buf.data();  // [dk, dv]
   double* const q = s + dk * dv;  // [dk]
@@ -29,7 +26,7 @@ inline void gated_delta(GatedDeltaArgs const& a) {
     for (std::int64_t i = 0; i < dk; ++i) y[i] = x[i] * f;
   };
   for (int h = 0; h < a.n_head_v; ++h) {
-    int const kh = a.tiled_value_heads ? h % a.n_head_k : h / group;
+    int const kh = a.key_head(h);
     float* const state = a.state + h * dk * dv;
     for (std::int64_t i = 0; i < dk * dv; ++i) s[i] = state[i];
     for (std::int64_t t = 0; t < a.n_tokens; ++t) {

@@ -52,7 +52,7 @@ inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvTokenF
   CausalConv1dArgs const c = a.conv_args(r, a.d_conv > 1 ? a.conv_state[i] : nullptr);
   float* const y = c.y;
   int const group = hv / a.n_head_k;
-  auto value_head = [&](int j) { return a.tiled_value_heads ? kh + j * a.n_head_k : kh * group + j; };
+  auto value_head = [&](int j) { return a.value_head(kh, j); };
 
   float* const qn = buf;
   float* const kn = qn + pad16(dk);

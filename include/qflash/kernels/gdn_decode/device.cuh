@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(32 * gated_delta_cuda::kMaxWarps, 2) step_kern
   int const k = kConv != kDynamic ? kConv : a.d_conv;
   int const i = static_cast<int>(blockIdx.z), h = static_cast<int>(blockIdx.y);
   int const hv = a.n_head_v, dk = a.d_k, dv = a.d_v, group = hv / a.n_head_k;
-  int const kh = a.tiled_value_heads ? h % a.n_head_k : h / group;
-  auto value_head = [&](int j) { return a.tiled_value_heads ? kh + j * a.n_head_k : kh * group + j; };
+  int const kh = a.key_head(h);
+  auto value_head = [&](int j) { return a.value_head(kh, j); };
   std::int64_t const cd = a.conv_dim(), key_dim = std::int64_t{a.n_head_k} * dk, row = p.rows[i];
   float const* const x = a.x + row * cd;
   float* const y = a.conv_out + row * cd;

@@ -56,6 +56,15 @@ struct GdnDecodeArgs {
   float l2norm_eps = 1e-6f;
   bool tiled_value_heads = false;  ///< value head j reads q/k head j % n_head_k (GGUF order)
 
+  /// The q/k head value head h reads, and the value head j of those reading q/k head kh
+  /// (gdn::key_head, gdn::value_head).
+  [[nodiscard]] constexpr QFLASH_HD int key_head(int h) const {
+    return gdn::key_head(h, n_head_k, n_head_v, tiled_value_heads);
+  }
+  [[nodiscard]] constexpr QFLASH_HD int value_head(int kh, int j) const {
+    return gdn::value_head(kh, j, n_head_k, n_head_v, tiled_value_heads);
+  }
+
   [[nodiscard]] QFLASH_HD std::int64_t conv_dim() const {
     return 2 * std::int64_t{n_head_k} * d_k + std::int64_t{n_head_v} * d_v;
   }

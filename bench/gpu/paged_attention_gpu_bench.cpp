@@ -1,7 +1,9 @@
-// Decode attention over paged, compressed KV on CUDA: time per call (CUDA events) for one
-// token of one sequence at Qwen3.6-35B-A3B's attention shape (16 query heads, 2 KV heads of
-// 256), per KV format and context, with the KV bytes read per call, their GB/s and the
-// fraction of the measured copy bandwidth.
+// Attention over paged, compressed KV on CUDA at Qwen3.6-35B-A3B's attention shape (16 query
+// heads, 2 KV heads of 256), per KV format: time per call (CUDA events)
+// - for decode, one token of one sequence per context, with the KV bytes read per call, their
+//   GB/s and the fraction of the measured copy bandwidth;
+// - for prefill, 512 tokens after 0 and after 4096 cached (the tensor-core path), with the
+//   TFLOP/s of its products (4 d flops a query head and key at or before the token).
 //
 //   build/ci/bench/gpu/paged_attention_gpu_bench     (exits 77 without a CUDA device)
 //
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -32,6 +35,7 @@ using namespace qflash::bench::gpu;
 namespace {
 
 constexpr int kHeads = 16, kKvHeads = 2, kDim = 256;
+constexpr std::int64_t kPrefillTokens = 512;
 
 /// The spec to bench: Qwen3.6's when compiled, else the first dynamic one.
 constexpr std::size_t bench_spec_index() {
@@ -83,35 +87,41 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
   if constexpr (compiled<Tag>() && I < instances::kSpecs.size()) {
     constexpr MoeSpec S = instances::kSpecs[I];
     if (!runs_on<Tag>(major, minor)) return;
+    std::size_t const q_bytes = kPrefillTokens * kHeads * kDim * sizeof(float);
     float *q = nullptr, *out = nullptr;
-    ok(cudaMalloc(&q, kHeads * kDim * sizeof(float)), "cudaMalloc");
-    ok(cudaMalloc(&out, kHeads * kDim * sizeof(float)), "cudaMalloc");
-    cudaMemsetAsync(q, 0x3c, kHeads * kDim * sizeof(float), stream);
+    ok(cudaMalloc(&q, q_bytes), "cudaMalloc");
+    ok(cudaMalloc(&out, q_bytes), "cudaMalloc");
+    cudaMemsetAsync(q, 0x3c, q_bytes, stream);
+    // One call of n_tokens new tokens at the end of n_ctx positions; its seconds, 0 on failure.
+    auto time_one = [&](DeviceKvCache& cache, std::int64_t n_tokens, std::int64_t n_ctx, std::string_view name) {
+      kernels::AttentionArgs a{};
+      a.q = q;
+      a.kv = cache.view();
+      a.out = out;
+      a.n_tokens = n_tokens;
+      a.n_ctx = n_ctx;
+      a.n_head = kHeads;
+      a.n_head_kv = kKvHeads;
+      a.d_head = kDim;
+      a.scale = 0.0625f;
+      Status st = Status::kSuccess;
+      double const sec = time_calls(stream, [&] {
+        Status const s = kernels::launch_attention<S>(Tag{}, a, stream);
+        if (s != Status::kSuccess) st = s;
+      });
+      cudaError_t const e = cudaStreamSynchronize(stream);
+      if (st == Status::kSuccess && e == cudaSuccess) return sec;
+      std::printf("%-6s %-9s %7lld +%lld  FAILED (%s%s%s)\n", std::string(Tag::name).c_str(), std::string(name).c_str(),
+                  static_cast<long long>(n_ctx - n_tokens), static_cast<long long>(n_tokens),
+                  std::string(to_string(st)).c_str(), e != cudaSuccess ? ", " : "",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "");
+      return 0.0;
+    };
     for (std::int64_t n_ctx : {std::int64_t{4096}, std::int64_t{32768}, std::int64_t{131072}})
       for (auto const& [f, name] : kKvFormats) {
         DeviceKvCache cache(f, n_ctx);
-        kernels::AttentionArgs a{};
-        a.q = q;
-        a.kv = cache.view();
-        a.out = out;
-        a.n_tokens = 1;
-        a.n_ctx = n_ctx;
-        a.n_head = kHeads;
-        a.n_head_kv = kKvHeads;
-        a.d_head = kDim;
-        a.scale = 0.0625f;
-        Status st = Status::kSuccess;
-        double const sec = time_calls(stream, [&] {
-          Status const s = kernels::launch_attention<S>(Tag{}, a, stream);
-          if (s != Status::kSuccess) st = s;
-        });
-        cudaError_t const e = cudaStreamSynchronize(stream);
-        if (st != Status::kSuccess || e != cudaSuccess) {
-          std::printf("%-6s %-9s %7lld  FAILED (%s%s%s)\n", std::string(Tag::name).c_str(), std::string(name).c_str(),
-                      static_cast<long long>(n_ctx), std::string(to_string(st)).c_str(), e != cudaSuccess ? ", " : "",
-                      e != cudaSuccess ? cudaGetErrorString(e) : "");
-          continue;
-        }
+        double const sec = time_one(cache, 1, n_ctx, name);
+        if (sec == 0.0) continue;
         double const kv_bytes =
             static_cast<double>(n_ctx) * kKvHeads * 2.0 * static_cast<double>(kv_head_bytes(f, kDim));
         double const gbps = kv_bytes / sec / 1e9;
@@ -119,6 +129,20 @@ void bench_arch(int major, int minor, Roofs const& roofs, cudaStream_t stream) {
                     std::string(Tag::name).c_str(), std::string(instances::kSpecNames[I]).c_str(),
                     std::string(name).c_str(), static_cast<long long>(n_ctx), sec * 1e6, kv_bytes / 1e6, gbps,
                     100.0 * gbps / roofs.copy_gbps);
+      }
+    for (std::int64_t past : {std::int64_t{0}, std::int64_t{4096}})
+      for (auto const& [f, name] : kKvFormats) {
+        std::int64_t const n_ctx = past + kPrefillTokens;
+        DeviceKvCache cache(f, n_ctx);
+        double const sec = time_one(cache, kPrefillTokens, n_ctx, name);
+        if (sec == 0.0) continue;
+        // Keys at or before each token: past + 1, ..., past + kPrefillTokens.
+        double const keys =
+            static_cast<double>(kPrefillTokens) * (static_cast<double>(past) + (kPrefillTokens + 1) / 2.0);
+        double const tflops = 4.0 * kDim * kHeads * keys / sec / 1e12;
+        std::printf("%-6s %-16s %-9s prefill %lld after %5lld %9.2f us %8.2f TFLOP/s\n", std::string(Tag::name).c_str(),
+                    std::string(instances::kSpecNames[I]).c_str(), std::string(name).c_str(),
+                    static_cast<long long>(kPrefillTokens), static_cast<long long>(past), sec * 1e6, tflops);
       }
     cudaFree(q);
     cudaFree(out);

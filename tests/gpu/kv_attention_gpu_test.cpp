@@ -5,7 +5,9 @@
 // - attention equals the CPU kernel and ref::attention (dequantize, then attend) within
 //   kDot: fp32 sums in another order over values decoded with fused multiply-adds; decode
 //   with contexts long enough to split the keys over CTAs, prefill, odd head widths, GQA
-//   groups of 1 to 12, the output gate, blocks handed out in shuffled order.
+//   groups of 1 to 12, the output gate, blocks handed out in shuffled order. Prefill of 64
+//   rows or more takes the tensor-core path (attention/mma.cuh): each head bucket (64, 128,
+//   256), padded widths, partial row tiles, split keys.
 // - attention_decode (many sequences' append + attention in one call) equals its CPU twin and
 //   ref::attention_decode within kDot and writes the CPU's bytes: sequences of different
 //   lengths in one arena, rows out of order, split keys, more sequences than one launch takes.
@@ -260,16 +262,20 @@ void check_instance() {
   CAPTURE(Tag::name);
   std::vector<Problem> problems;
   if constexpr (S.d_head != kDynamic && S.n_head != kDynamic && S.n_head_kv != kDynamic) {
-    // The spec's own heads: decode (split over the keys at 1500), prefill, and the gate.
+    // The spec's own heads: decode (split over the keys at 1500), prefill (the tensor-core
+    // path at 70 tokens, and 24 after 600 cached, split over the keys), and the gate.
     problems = {{S.n_head, S.n_head_kv, S.d_head, 1500, 1, true},
                 {S.n_head, S.n_head_kv, S.d_head, 70, 70, false},
+                {S.n_head, S.n_head_kv, S.d_head, 624, 24, true},
                 {S.n_head, S.n_head_kv, S.d_head, 40, 3, true}};
   } else {
     // Decode and prefill, GQA groups of 1, 2, 4 and 12, odd widths (short last chunks),
-    // contexts that end inside a block, split decode, the widest head.
+    // contexts that end inside a block, split decode, the widest head; and the tensor-core
+    // path: heads of 256 (split keys), 128, padded 40 and 20, a group of 1, partial tiles.
     problems = {{4, 2, 64, 37, 1},     {4, 2, 32, 300, 300}, {12, 1, 16, 20, 5, true}, {3, 3, 24, 17, 17},
                 {2, 1, 20, 33, 3},     {4, 2, 256, 530, 2},  {16, 2, 256, 2000, 1, true}, {8, 2, 128, 700, 9},
-                {4, 1, 512, 600, 1},   {2, 2, 40, 1030, 1}};
+                {4, 1, 512, 600, 1},   {2, 2, 40, 1030, 1},  {16, 2, 256, 300, 40, true}, {32, 4, 128, 200, 100},
+                {8, 1, 40, 1030, 8, true}, {2, 2, 20, 70, 70}, {4, 1, 512, 80, 80}};
   }
   for (Problem const& p : problems)
     for (auto const& heads : layouts_for<S>(p.n_kv)) check_attention<S, Tag>(p, heads, false);

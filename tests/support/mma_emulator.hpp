@@ -1,5 +1,6 @@
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 run on the host over a warp's registers,
-// for tests of the CUDA tensor-core tiles (kernels/linear/mma_tile.hpp, mma_blocks.hpp).
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 and m16n8k8 ...tf32.tf32.f32 run on the
+// host over a warp's registers, for tests of the CUDA tensor-core tiles
+// (kernels/linear/mma_tile.hpp, mma_blocks.hpp; kernels/attention/mma_tile.hpp).
 #pragma once
 
 #include <array>
@@ -40,6 +41,34 @@ inline void emulate_mma(std::array<Acc, 32>& c, std::array<Regs4, 32> const& a, 
       int const i = g + 8 * (r / 2), j = 2 * t + r % 2;
       float s = c[lane][r];
       for (int k = 0; k < 16; ++k) s += A[i][k] * B[k][j];
+      c[lane][r] = s;
+    }
+  }
+}
+
+using Floats4 = std::array<float, 4>;
+using Floats2 = std::array<float, 2>;
+
+/// c += a b for m16n8k8 with tf32 operands (fp32 registers; the kernels clear their low 13
+/// bits, so each product is exact in fp32), placed as the PTX ISA's tables for .tf32 put them
+/// (g = lane >> 2, t = lane % 4):
+///   A 16x8: register r holds A[g + 8 (r % 2)][t + 4 (r / 2)];
+///   B 8x8:  register r holds B[t + 4 r][g];
+///   C 16x8: c[r] is C[g + 8 (r / 2)][2t + r % 2].
+inline void emulate_mma_tf32(std::array<Acc, 32>& c, std::array<Floats4, 32> const& a,
+                             std::array<Floats2, 32> const& b) {
+  float A[16][8], B[8][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    int const g = lane >> 2, t = lane % 4;
+    for (int r = 0; r < 4; ++r) A[g + 8 * (r % 2)][t + 4 * (r / 2)] = a[lane][r];
+    for (int r = 0; r < 2; ++r) B[t + 4 * r][g] = b[lane][r];
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    int const g = lane >> 2, t = lane % 4;
+    for (int r = 0; r < 4; ++r) {
+      int const i = g + 8 * (r / 2), j = 2 * t + r % 2;
+      float s = c[lane][r];
+      for (int k = 0; k < 8; ++k) s += A[i][k] * B[k][j];
       c[lane][r] = s;
     }
   }

@@ -1,6 +1,7 @@
 /// @file
-/// Attention over paged, compressed KV on CUDA: the kernels and launcher body shared by
-/// sm80.cuh and sm90a.cuh. The view's convention is kv_append/device.cuh's (base and block
+/// Attention over paged, compressed KV on CUDA: the warp-per-row kernel, the tile decode and
+/// the key splits that the tensor-core path (mma.cuh) and attention_decode share; launch.cuh
+/// chooses between the paths. The view's convention is kv_append/device.cuh's (base and block
 /// table on the device, head layouts on the host, passed by value).
 ///
 /// A CTA holds kWarps query rows of one KV head, one warp per row (a row is one token and one
@@ -14,8 +15,8 @@
 /// Long contexts with few CTAs (decode: one row tile per KV head) are split over the keys
 /// (flash-decoding): each split writes its rows' max, sum and unnormalised output to the
 /// stream's workspace (common/stream_workspace.cuh), and a second kernel merges the splits.
-/// Prefill reuses the same kernel (keys beyond a row's position are masked); tensor-core
-/// prefill belongs to the CUDA model path.
+/// Prefill of few rows reuses the same kernel (keys beyond a row's position are masked); of
+/// many rows it takes the tensor-core path (mma.cuh), which shares the tile decode and splits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -181,25 +182,26 @@ __device__ __forceinline__ void decode_chunk(KvFormat f, std::uint8_t const* vec
   }
 }
 
-/// The CTA decodes keys [s0, s0 + n_keys) of KV head h of the sequence whose block table is
-/// `table`: K to sk, V to sv, each [n_keys, d]. Plain loads, never the read-only path
-/// (__ldg, __restrict__): attention_decode's CTA reads here the key and value it stored.
-template <KvScheme kScheme>
+/// The CTA (kBlockThreads) decodes keys [s0, s0 + n_keys) of KV head h of the sequence whose
+/// block table is `table`: K to sk, V to sv, each [n_keys, ld] (dimensions [0, d) of each row).
+/// Plain loads, never the read-only path (__ldg, __restrict__): attention_decode's CTA reads
+/// here the key and value it stored.
+template <KvScheme kScheme, int kBlockThreads = kThreads>
 __device__ __forceinline__ void decode_tile(DeviceKv const& kv, std::int32_t const* table, int h, std::int64_t s0,
-                                            int n_keys, float* sk, float* sv) {
+                                            int n_keys, int ld, float* sk, float* sv) {
   int const d = kv.d_head;
   int const chunks = (d + kChunk - 1) / kChunk;
   KvFormat const kf = kv::compiled_format(kScheme, kv.heads[h].k_format);
   KvFormat const vf = kv::compiled_format(kScheme, kv.heads[h].v_format);
-  for (int u = static_cast<int>(threadIdx.x); u < 2 * n_keys * chunks; u += kThreads) {
+  for (int u = static_cast<int>(threadIdx.x); u < 2 * n_keys * chunks; u += kBlockThreads) {
     bool const is_v = u >= n_keys * chunks;
     int const w = is_v ? u - n_keys * chunks : u;
     int const s = w / chunks;
     int const i0 = (w % chunks) * kChunk;
     if (is_v)
-      decode_chunk(vf, kv.value(table, s0 + s, h), d, i0, sv + s * d + i0);
+      decode_chunk(vf, kv.value(table, s0 + s, h), d, i0, sv + s * ld + i0);
     else
-      decode_chunk(kf, kv.key(table, s0 + s, h), d, i0, sk + s * d + i0);
+      decode_chunk(kf, kv.key(table, s0 + s, h), d, i0, sk + s * ld + i0);
   }
 }
 
@@ -238,7 +240,7 @@ __device__ __forceinline__ void attend_keys(DeviceKv const& kv, std::int32_t con
   for (std::int64_t s0 = s_begin; s0 < s_end; s0 += kTile) {
     int const n_keys = static_cast<int>(std::min<std::int64_t>(kTile, s_end - s0));
     __syncthreads();  // the previous tile's readers are done
-    decode_tile<kScheme>(kv, table, kv_head, s0, n_keys, sk, sv);
+    decode_tile<kScheme>(kv, table, kv_head, s0, n_keys, d, sk, sv);
     __syncthreads();
     if (!active) continue;
     float score[kTile];
@@ -382,14 +384,13 @@ inline std::int64_t split_count(std::int64_t ctas, std::int64_t n_ctx) {
   return std::clamp<std::int64_t>(std::min(want, n_ctx / kSplitKeys), 1, kMaxSplits);
 }
 
-/// Splits the keys of `n_ctx` positions `n_split` ways (p.split_keys a multiple of the tile)
+/// Splits the keys of `n_ctx` positions `n_split` ways (p.split_keys a multiple of `tile` keys)
 /// and, for more than one split, points p's partial results at the stream's workspace, `rows`
 /// rows per split. Returns the split count after rounding, 0 when the workspace failed.
-template <int kPerLane>
-std::int64_t use_splits(Params& p, std::int64_t n_split, std::int64_t n_ctx, std::int64_t rows, cudaStream_t stream) {
-  constexpr int kTile = tile_keys(kPerLane);
+inline std::int64_t use_splits(Params& p, int tile, std::int64_t n_split, std::int64_t n_ctx, std::int64_t rows,
+                               cudaStream_t stream) {
   p.split_keys = (n_ctx + n_split - 1) / n_split;
-  p.split_keys = (p.split_keys + kTile - 1) / kTile * kTile;
+  p.split_keys = (p.split_keys + tile - 1) / tile * tile;
   n_split = (n_ctx + p.split_keys - 1) / p.split_keys;
   p.part_o = p.part_ml = nullptr;
   if (n_split > 1) {
@@ -402,10 +403,13 @@ std::int64_t use_splits(Params& p, std::int64_t n_split, std::int64_t n_ctx, std
   return n_split;
 }
 
-/// use_splits with split_count's plan for `ctas` CTAs per split.
-template <int kPerLane>
-std::int64_t plan_splits(Params& p, std::int64_t ctas, std::int64_t n_ctx, std::int64_t rows, cudaStream_t stream) {
-  return use_splits<kPerLane>(p, split_count(ctas, n_ctx), n_ctx, rows, stream);
+/// Merges the n_split partial results of each of p's rows into out (combine_kernel).
+template <class Arch, int kPerLane>
+Status combine(Params const& p, std::int64_t n_split, cudaStream_t stream) {
+  std::int64_t const warps = p.n_tokens * p.n_head;
+  auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+  combine_kernel<Arch, kPerLane><<<blocks, kThreads, 0, stream>>>(p, static_cast<int>(n_split));
+  return cuda::last_launch_status();
 }
 
 /// Shared memory of attend_keys's two tiles.
@@ -432,45 +436,18 @@ inline Params params_of(AttentionArgs const& a) {
   return p;
 }
 
+/// The warp-per-row kernel (and the merge of its key splits) for heads of up to 32 kPerLane.
 template <class Arch, KvScheme kScheme, int kPerLane>
 Status launch_per_lane(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t stream) {
   std::int64_t const row_tiles = (p.n_tokens * p.group + kWarps - 1) / kWarps;
-  std::int64_t const n_split =
-      plan_splits<kPerLane>(p, row_tiles * n_head_kv, p.n_ctx, p.n_tokens * p.n_head, stream);
+  std::int64_t const n_split = use_splits(p, tile_keys(kPerLane), split_count(row_tiles * n_head_kv, p.n_ctx), p.n_ctx,
+                                          p.n_tokens * p.n_head, stream);
   if (n_split == 0) return Status::kErrorCuda;
   dim3 const grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n_split));
   attention_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, tile_smem<kPerLane>(p.d), stream>>>(kv, p);
   Status status = cuda::last_launch_status();
-  if (n_split > 1 && status == Status::kSuccess) {
-    std::int64_t const warps = p.n_tokens * p.n_head;
-    auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
-    combine_kernel<Arch, kPerLane><<<blocks, kThreads, 0, stream>>>(p, static_cast<int>(n_split));
-    status = cuda::last_launch_status();
-  }
+  if (n_split > 1 && status == Status::kSuccess) status = combine<Arch, kPerLane>(p, n_split, stream);
   return status;
-}
-
-/// The body of `launch_attention<S>(Arch, args, stream)` for a CUDA arch tag.
-template <class Arch, MoeSpec S>
-Status launch(AttentionArgs const& a, stream_t stream) {
-  if (Status s = can_implement_attention<S>(a); s != Status::kSuccess) return s;
-  if (a.d_head > kMaxHeadDim) return Status::kErrorNotSupported;
-  DeviceKv kv{};
-  if (Status s = kv_cuda::to_device(a.kv, kv); s != Status::kSuccess) return s;
-  if (a.n_tokens == 0) return Status::kSuccess;
-  Params const p = params_of(a);
-  auto const s = static_cast<cudaStream_t>(stream);
-  if constexpr (S.d_head != kDynamic) {
-    return launch_per_lane<Arch, S.kv, per_lane(S.d_head)>(kv, p, a.n_head_kv, s);
-  } else {
-    switch (per_lane(a.d_head)) {
-      case 1: return launch_per_lane<Arch, S.kv, 1>(kv, p, a.n_head_kv, s);
-      case 2: return launch_per_lane<Arch, S.kv, 2>(kv, p, a.n_head_kv, s);
-      case 4: return launch_per_lane<Arch, S.kv, 4>(kv, p, a.n_head_kv, s);
-      case 8: return launch_per_lane<Arch, S.kv, 8>(kv, p, a.n_head_kv, s);
-      default: return launch_per_lane<Arch, S.kv, 16>(kv, p, a.n_head_kv, s);
-    }
-  }
 }
 
 }  // namespace qflash::kernels::attention_cuda

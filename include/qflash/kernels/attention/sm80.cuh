@@ -4,7 +4,7 @@
 /// op.hpp and link the instances.
 #pragma once
 
-#include "qflash/kernels/attention/device.cuh"
+#include "qflash/kernels/attention/launch.cuh"
 
 namespace qflash::kernels {
 

@@ -3,7 +3,7 @@
 /// Included only by the generated instance TUs `cuda_<spec>_sm90a.cu`.
 #pragma once
 
-#include "qflash/kernels/attention/device.cuh"
+#include "qflash/kernels/attention/launch.cuh"
 
 namespace qflash::kernels {
 

@@ -134,8 +134,9 @@ Status launch_per_lane(DeviceKv const& kv, Params& P, std::int64_t max_ctx, std:
 
   std::int64_t const ctas = P.n_seqs * row_tiles;
   std::int64_t const rows = std::int64_t{P.n_seqs} * P.p.n_head;
-  std::int64_t const n_split = attention_cuda::use_splits<kPerLane>(
-      P.p, split_count(total_ctx * row_tiles * kv.n_head_kv, max_ctx), max_ctx, rows, stream);
+  std::int64_t const n_split =
+      attention_cuda::use_splits(P.p, attention_cuda::tile_keys(kPerLane),
+                                 split_count(total_ctx * row_tiles * kv.n_head_kv, max_ctx), max_ctx, rows, stream);
   if (n_split == 0) return Status::kErrorCuda;
   dim3 const grid(static_cast<unsigned>(ctas), static_cast<unsigned>(kv.n_head_kv), static_cast<unsigned>(n_split));
   decode_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, attention_cuda::tile_smem<kPerLane>(P.p.d), stream>>>(kv, P);

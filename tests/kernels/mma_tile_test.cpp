@@ -162,7 +162,8 @@ void check_shape(std::int64_t m, std::int64_t n, std::int64_t k) {
 TEST_CASE("mma tile: the three bf16 parts of an fp32 sum back to it within 2^-24 of it") {
   auto const xs = test::random_floats(4096, 203, -1e4f, 1e4f);
   std::vector<float> values(xs.begin(), xs.end());
-  for (float v : {0.0f, -0.0f, 1.0f, 1.00390625f, 3.1415927f, 1e-30f, -1e-38f, 1e-45f, 3e38f, -7.5e-20f})
+  for (float v : {0.0f, -0.0f, 1.0f, 1.00390625f, 3.1415927f, 1e-30f, -1e-38f, 1e-45f, 3e38f, -7.5e-20f,
+                  3.4e38f, -std::numeric_limits<float>::max()})  // the last two: past bf16's largest
     values.push_back(v);
   for (float v : values) {
     CAPTURE(v);
@@ -171,7 +172,18 @@ TEST_CASE("mma tile: the three bf16 parts of an fp32 sum back to it within 2^-24
     // The parts' sum, smallest first as the kernel adds their products, is exact in double.
     double const sum = static_cast<double>(to_float(Bf16{p[2]})) + to_float(Bf16{p[1]}) + to_float(Bf16{p[0]});
     CHECK(std::fabs(sum - v) <= std::max(std::ldexp(std::fabs(static_cast<double>(v)), -24), std::ldexp(1.0, -133)));
-    CHECK(to_float(Bf16{p[0]}) == round_to_bf16(v));
+    if (std::fabs(v) < 3.39e38f) CHECK(to_float(Bf16{p[0]}) == round_to_bf16(v));
+  }
+  // Inf and NaN keep their value in hi, with zero parts after it.
+  for (float v : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    CAPTURE(v);
+    std::uint16_t p[mma::kParts];
+    mma::split3(v, p);
+    float const hi = to_float(Bf16{p[0]});
+    CHECK((std::isnan(v) ? std::isnan(hi) : hi == v));
+    CHECK(p[1] == 0);
+    CHECK(p[2] == 0);
   }
 }
 

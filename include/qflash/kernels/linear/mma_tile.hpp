@@ -75,13 +75,17 @@ struct Tile {
 };
 
 /// x = hi + mid + lo to within 2^-24 |x| (finite x; or 2^-133, bf16's least subnormal, for
-/// tiny x): each part is the bf16 nearest to what the parts before it leave, and each
-/// remainder is exact in fp32.
+/// tiny x): each part is the bf16 nearest to what the parts before it leave (hi: toward zero
+/// where the nearest is past bf16's largest), and each remainder is exact in fp32. Inf and
+/// NaN: hi = x, mid = lo = 0, so that their products are the CPU's, not NaN.
 QFLASH_HD constexpr void split3(float x, std::uint16_t (&part)[kParts]) {
+  constexpr std::uint32_t kExponent = 0x7F800000u;
+  auto const finite = [](float v) { return (qflash::detail::bits_of(v) & kExponent) != kExponent; };
   for (int p = 0; p < kParts; ++p) {
-    Bf16 const h = to_bf16(x);
+    Bf16 h = to_bf16(x);
+    if (!finite(to_float(h)) && finite(x)) h = Bf16{static_cast<std::uint16_t>(qflash::detail::bits_of(x) >> 16)};
     part[p] = h.bits;
-    x -= to_float(h);
+    x = finite(x) ? x - to_float(h) : 0.0f;
   }
 }
 

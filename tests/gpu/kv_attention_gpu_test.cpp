@@ -29,6 +29,7 @@
 #include "qflash/kernels/kv_append/ref.hpp"
 #include "qflash/kv/layer_cache.hpp"
 #include "support/attention_decode_case.hpp"
+#include "support/attention_problem.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
 
@@ -67,11 +68,7 @@ class DeviceCache {
   DeviceArray<std::uint8_t> arena_;
 };
 
-struct Problem {
-  int n_head, n_kv, d;
-  std::int64_t n_ctx, n_tokens;
-  bool gate = false;
-};
+using Problem = test::AttentionProblem;
 
 struct Inputs {
   std::vector<float> q, k, v, gate;
@@ -82,25 +79,6 @@ struct Inputs {
         gate(p.gate ? test::random_floats(static_cast<std::size_t>(p.n_tokens * p.n_head * 2 * p.d), seed + 3, -3, 3)
                     : std::vector<float>{}) {}
 };
-
-AttentionArgs args_for(Problem const& p, kv::KvView view, float const* q, float* out, float const* gate) {
-  AttentionArgs a{};
-  a.q = q;
-  a.kv = view;
-  a.out = out;
-  a.n_tokens = p.n_tokens;
-  a.n_ctx = p.n_ctx;
-  a.n_head = p.n_head;
-  a.n_head_kv = p.n_kv;
-  a.d_head = p.d;
-  a.scale = 0.3f;
-  if (gate) {  // qwen3_5_moe's layout: each head's query then its gate
-    a.gate = gate + p.d;
-    a.gate_head_stride = 2 * p.d;
-    a.gate_token_stride = 2 * static_cast<std::int64_t>(p.n_head) * p.d;
-  }
-  return a;
-}
 
 /// Head layouts to try under spec S: each format S.kv allows, and a per-head mix when it
 /// allows several.
@@ -141,14 +119,16 @@ void check_attention(Problem const& p, std::vector<kv::KvFormats> const& heads, 
   float const* gate = p.gate ? in.gate.data() : nullptr;
 
   std::vector<float> want(in.q.size()), cpu(in.q.size());
-  ref::attention(args_for(p, cache.view(), in.q.data(), want.data(), gate));
-  REQUIRE(launch_attention<S>(arch::Cpu{}, args_for(p, cache.view(), in.q.data(), cpu.data(), gate)) == Status::kSuccess);
+  ref::attention(test::attention_args(p, cache.view(), in.q.data(), want.data(), gate));
+  REQUIRE(launch_attention<S>(arch::Cpu{}, test::attention_args(p, cache.view(), in.q.data(), cpu.data(), gate)) ==
+          Status::kSuccess);
 
   DeviceCache dev(cache);
   DeviceArray<float> q(in.q), out(in.q.size()), g(in.gate);
   cudaStream_t stream = nullptr;
   QFLASH_TEST_CUDA(cudaStreamCreate(&stream));
-  Status const st = launch_attention<S>(Tag{}, args_for(p, dev.view(), q.get(), out.get(), p.gate ? g.get() : nullptr), stream);
+  Status const st = launch_attention<S>(
+      Tag{}, test::attention_args(p, dev.view(), q.get(), out.get(), p.gate ? g.get() : nullptr), stream);
   cudaError_t const sync = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
   REQUIRE(st == Status::kSuccess);

@@ -19,6 +19,7 @@
 #include "qflash/kernels/attention/ref.hpp"
 #include "qflash/kernels/kv_append/ref.hpp"
 #include "qflash/kv/layer_cache.hpp"
+#include "support/attention_problem.hpp"
 #include "support/mma_emulator.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
@@ -235,21 +236,16 @@ std::vector<float> tiled_attention(AttentionArgs const& a, GatheredKv const& kv,
   return out;
 }
 
-struct Problem {
-  int n_head, n_kv, d;
-  std::int64_t n_ctx, n_tokens;
-  bool gate;
-  std::int64_t splits;
-};
 
+/// p over the given head formats, its keys split `splits` ways.
 template <int kD>
-void check(Problem const& p, std::vector<kv::KvFormats> const& heads) {
+void check(test::AttentionProblem const& p, std::int64_t splits, std::vector<kv::KvFormats> const& heads) {
   CAPTURE(p.d);
   CAPTURE(p.n_head);
   CAPTURE(p.n_kv);
   CAPTURE(p.n_ctx);
   CAPTURE(p.n_tokens);
-  CAPTURE(p.splits);
+  CAPTURE(splits);
   CAPTURE(to_string(heads[0].k));
   CAPTURE(to_string(heads[0].v));
   auto const seed = static_cast<std::uint64_t>(p.d * 13 + p.n_ctx);
@@ -267,23 +263,9 @@ void check(Problem const& p, std::vector<kv::KvFormats> const& heads) {
   }
 
   std::vector<float> want(q.size());
-  AttentionArgs a{};
-  a.q = q.data();
-  a.kv = cache.view();
-  a.out = want.data();
-  a.n_tokens = p.n_tokens;
-  a.n_ctx = p.n_ctx;
-  a.n_head = p.n_head;
-  a.n_head_kv = p.n_kv;
-  a.d_head = p.d;
-  a.scale = 0.3f;
-  if (p.gate) {  // qwen3_5_moe's layout: each head's query then its gate
-    a.gate = gate.data() + p.d;
-    a.gate_head_stride = 2 * p.d;
-    a.gate_token_stride = 2 * static_cast<std::int64_t>(p.n_head) * p.d;
-  }
+  AttentionArgs const a = test::attention_args(p, cache.view(), q.data(), want.data(), p.gate ? gate.data() : nullptr);
   ref::attention(a);
-  std::vector<float> const got = tiled_attention<kD>(a, decoded, heads, p.splits);
+  std::vector<float> const got = tiled_attention<kD>(a, decoded, heads, splits);
   auto const r = all_close<float, float>(got, want, kDot);
   CHECK_MESSAGE(r.ok, r.report);
 }
@@ -363,16 +345,16 @@ TEST_CASE("attention mma: every fragment load of a warp falls in 32 banks, insid
 TEST_CASE("attention mma: the tiles on an emulated tensor core equal ref::attention") {
   // Every format as key and value (a group of 2, whole and partial row tiles and key tiles).
   for (std::size_t shift = 0; shift < kFormats.size(); ++shift)
-    check<64>({4, 2, 64, 300, 150, false, 1}, mixed(2, shift));
+    check<64>({4, 2, 64, 300, 150, false}, 1, mixed(2, shift));
   // Qwen3.6's heads (16 of 256 over 2), gated, one split and three; Qwen3-30B's (32 of 128 over 4).
-  check<256>({16, 2, 256, 100, 70, true, 1}, mixed(2, 1));
-  check<256>({16, 2, 256, 100, 9, true, 3}, mixed(2, 3));
-  check<128>({32, 4, 128, 90, 6, false, 2}, mixed(4, 0));
+  check<256>({16, 2, 256, 100, 70, true}, 1, mixed(2, 1));
+  check<256>({16, 2, 256, 100, 9, true}, 3, mixed(2, 3));
+  check<128>({32, 4, 128, 90, 6, false}, 2, mixed(4, 0));
   // Padded heads (d not a multiple of 8 or 16), groups of 1 and 8, splits that start past a
   // warp's keys and past a whole CTA's (the first CTA of the last case: keys [0, 64) of 200).
-  check<64>({8, 1, 40, 90, 20, true, 2}, mixed(1, 4));
-  check<64>({2, 2, 20, 200, 64, false, 4}, mixed(2, 2));
-  check<64>({2, 2, 20, 200, 200, false, 4}, mixed(2, 3));
-  check<64>({6, 3, 5, 70, 65, false, 1}, mixed(3, 1));
-  check<128>({4, 1, 100, 33, 33, true, 1}, mixed(1, 0));
+  check<64>({8, 1, 40, 90, 20, true}, 2, mixed(1, 4));
+  check<64>({2, 2, 20, 200, 64, false}, 4, mixed(2, 2));
+  check<64>({2, 2, 20, 200, 200, false}, 4, mixed(2, 3));
+  check<64>({6, 3, 5, 70, 65, false}, 1, mixed(3, 1));
+  check<128>({4, 1, 100, 33, 33, true}, 1, mixed(1, 0));
 }

@@ -16,6 +16,7 @@
 #include "qflash/kernels/kv_append/ref.hpp"
 #include "qflash/kv/layer_cache.hpp"
 #include "qflash/spec/presets.hpp"
+#include "support/attention_problem.hpp"
 #include "support/cpu_isas.hpp"
 #include "support/random.hpp"
 #include "support/tolerance.hpp"
@@ -32,23 +33,10 @@ namespace {
 constexpr Tolerance kDot{2e-5, 1e-5};
 
 
-struct Problem {
-  int n_head, n_kv, d;
-  std::int64_t n_ctx, n_tokens;
-};
+using Problem = test::AttentionProblem;
 
 AttentionArgs args_for(Problem const& p, kv::KvView view, std::vector<float> const& q, std::vector<float>& out) {
-  AttentionArgs a{};
-  a.q = q.data();
-  a.kv = view;
-  a.out = out.data();
-  a.n_tokens = p.n_tokens;
-  a.n_ctx = p.n_ctx;
-  a.n_head = p.n_head;
-  a.n_head_kv = p.n_kv;
-  a.d_head = p.d;
-  a.scale = 0.3f;
-  return a;
+  return test::attention_args(p, view, q.data(), out.data());
 }
 
 }  // namespace

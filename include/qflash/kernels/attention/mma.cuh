@@ -56,7 +56,7 @@ __device__ __forceinline__ void split(float const (&x)[N], float (&big)[N], floa
 /// for the lane's two rows (g and g + 8) the running max and the lane's part of the sum.
 template <int kD>
 struct WarpRows {
-  float o[kD / 8][4];
+  float o[kD / 8][4] = {};
   float mx[2] = {-INFINITY, -INFINITY};
   float sum[2] = {0.0f, 0.0f};
 };
@@ -173,10 +173,10 @@ __device__ __forceinline__ void finish_rows(Params const& p, std::int64_t r0, in
     std::int64_t const t = r / p.group;
     int const head = static_cast<int>(blockIdx.y) * p.group + static_cast<int>(r % p.group);
     std::int64_t const row = t * p.n_head + head;
+    std::int64_t const part_row = static_cast<std::int64_t>(blockIdx.z) * p.n_tokens * p.n_head + row;
     float const inv = 1.0f / w.sum[h];
     float const* gate = p.gate ? p.gate + t * p.gate_token_stride + head * p.gate_head_stride : nullptr;
-    float* const out = p.part_o ? p.part_o + (static_cast<std::int64_t>(blockIdx.z) * p.n_tokens * p.n_head + row) * p.d
-                                : p.out + row * p.d;
+    float* const out = p.part_o ? p.part_o + part_row * p.d : p.out + row * p.d;
 #pragma unroll
     for (int nt = 0; nt < kD / 8; ++nt)
 #pragma unroll
@@ -190,7 +190,6 @@ __device__ __forceinline__ void finish_rows(Params const& p, std::int64_t r0, in
           out[i] = gate ? o * inv / (1.0f + expf(-gate[i])) : o * inv;
       }
     if (p.part_o && pair_of(lane) == 0) {
-      std::int64_t const part_row = static_cast<std::int64_t>(blockIdx.z) * p.n_tokens * p.n_head + row;
       p.part_ml[2 * part_row] = w.mx[h];
       p.part_ml[2 * part_row + 1] = w.sum[h];
     }
@@ -241,10 +240,6 @@ __global__ void __launch_bounds__(kThreads, 1) mma_kernel(DeviceKv const kv, Par
   bool const k_exact = kf == KvFormat::kBf16, v_exact = vf == KvFormat::kBf16;
 
   WarpRows<kD> w;
-#pragma unroll
-  for (int nt = 0; nt < kD / 8; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) w.o[nt][r] = 0.0f;
   for (std::int64_t s0 = s_begin; s0 < s_end; s0 += kKeys) {
     int const n_keys = static_cast<int>(std::min<std::int64_t>(kKeys, s_end - s0));
     __syncthreads();  // the previous tile's readers are done (the first time: the zeros are written)

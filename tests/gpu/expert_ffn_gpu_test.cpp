@@ -295,10 +295,16 @@ void check_instance() {
       check_case<S, Tag>({.gate = WeightFormat::kQ4K, .up = WeightFormat::kQ4K, .down = WeightFormat::kQ6K,
                           .d_model = d_model, .d_ff = d_ff, .tokens = 40, .shared = WeightFormat::kQ8_0,
                           .d_ff_shared = d_ff_shared});
-    if (S.d_model == kDynamic && S.d_ff_expert == kDynamic)  // rows too short or odd for the vector path
+    if (S.d_model == kDynamic && S.d_ff_expert == kDynamic) {  // rows too short or odd for the vector path
       check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kF32,
                           .d_model = 200, .d_ff = 100, .tokens = 6, .n_expert = 5, .k = 2,
                           .shared = WeightFormat::kFp8E4m3, .d_ff_shared = 60});
+      // int4 rows that end mid-group, on the tensor cores (40 tokens) and the GEMV (3).
+      for (std::int64_t tokens : {std::int64_t{40}, std::int64_t{3}})
+        check_case<S, Tag>({.gate = WeightFormat::kInt4, .up = WeightFormat::kInt4, .down = WeightFormat::kInt4,
+                            .d_model = 200, .d_ff = 100, .tokens = tokens, .n_expert = 5, .k = 2,
+                            .shared = WeightFormat::kInt4, .d_ff_shared = 60});
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // linear on CUDA: every compiled instance (spec x arch) this device runs, every weight format
 // the spec compiles, against the CPU twin and ref::linear: decode and prefill token counts,
-// aligned and unaligned rows (the vector and the scalar path), int4's short last group,
+// aligned and unaligned rows (the vector and the scalar path), int4's short last group (the
+// GEMV and the tensor cores),
 // strided x and y, accumulate, token tiles past the grid's, bf16's and fp8's tensor-core
 // tiles, linear_group's parts, and weights at an address the kernels cannot read (refused).
 // Tolerance: fp32 sums in another order over the same decoded weights and rounded activations.
@@ -137,14 +138,18 @@ void check_instance() {
     // tokens and columns short of a tile, strided and accumulating.
     if (row_fits(f, 144)) check_case<S, Tag>({f, 130, 144, 16});
     if (row_fits(f, 528)) check_case<S, Tag>({f, 70, 528, 33, 4, 3, true});
-    // Block formats take theirs from 16 tokens when rows are whole groups of 32 (70 tokens
-    // above: four m-tiles).
+    // Block formats take theirs from 16 tokens (70 tokens above: four m-tiles).
     if (row_fits(f, 768)) check_case<S, Tag>({f, 70, 768, 20, 4, 3, true});
     check_group<S, Tag>(f, 5, f);   // one launch
     check_group<S, Tag>(f, 20, f);  // a tensor-core launch per part (not f32, f16)
   }
-  if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kInt4)
+  if (S.weights == WeightFormat::kAny || S.weights == WeightFormat::kInt4) {
     check_case<S, Tag>({WeightFormat::kInt4, 33, 160, 40});  // a short last int4 block
+    // Tensor cores over rows that end mid-group (padded with zero codes): one m-tile, then
+    // four, strided and accumulating.
+    check_case<S, Tag>({WeightFormat::kInt4, 33, 200, 20});
+    check_case<S, Tag>({WeightFormat::kInt4, 70, 100, 70, 3, 5, true});
+  }
   if constexpr (S.weights == WeightFormat::kAny) {
     check_group<S, Tag>(WeightFormat::kBf16, 5, WeightFormat::kQ8_0);
     check_group<S, Tag>(WeightFormat::kQ4K, 20, WeightFormat::kQ6K);  // one quantization, two formats

@@ -157,7 +157,7 @@ std::vector<float> tiled_linear(WeightView const& w, std::vector<float> const& x
   for (std::int64_t n0 = 0; n0 < n; n0 += mma::kBlockN)
     for (std::int64_t m0 = 0; m0 < m; m0 += T::kBlockM) {
       std::array<WarpAcc, mma::kWarps> acc{};
-      for (std::int64_t k0 = 0; k0 < k; k0 += lc::kGroup) {
+      for (std::int64_t k0 = 0; k0 < ws.kp; k0 += lc::kGroup) {  // the activations' padded columns
         std::fill(stage.begin(), stage.end(), std::uint8_t{0xFF});  // NaN: a copy that is missed shows
         for (int c = 0; c < T::kCopies; ++c) {
           mb::StageCopy const s = mb::stage_copy<kMTiles>(c);
@@ -429,4 +429,8 @@ TEST_CASE("block codes, tensor cores: the tiles' products equal ref::linear in e
     check_shape<4>(f, 33, 5, 1024);
   }
   check_shape<4>(WeightFormat::kInt4, 20, 40, 160);  // a short last int4 block
+  // int4 rows that end mid-group: the last group padded with zero activation codes.
+  check_shape<4>(WeightFormat::kInt4, 40, 33, 200);
+  check_shape<1>(WeightFormat::kInt4, 16, 20, 100);
+  check_shape<1>(WeightFormat::kInt4, 5, 9, 7);
 }

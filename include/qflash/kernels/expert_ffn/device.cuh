@@ -266,7 +266,8 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads, 1) expert_mma_kern
   constexpr int kStageBytes = kCodes ? mb::Tile<1>::kStageBytes : mma::Tile<1, kMats, kWBytes>::kStageBytes;
   __shared__ alignas(16) std::uint8_t smem[2][kStageBytes];
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  std::int64_t const rows = p.w[0].first.rows, k = p.w[0].first.cols;
+  // Codes: whole groups, the activations' padded columns.
+  std::int64_t const rows = p.w[0].first.rows, k = kCodes ? p.codes.k : p.w[0].first.cols;
   std::int64_t const n0 = static_cast<std::int64_t>(blockIdx.x) * mma::kBlockN;
   int const n_tiles = p.tiles.total(kMmaTileRows);
   for (int i = static_cast<int>(blockIdx.y); i < n_tiles; i += static_cast<int>(gridDim.y)) {
@@ -678,8 +679,8 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   };
   bool const merged = shared && same(shared->gate, routed.gate) && same(shared->up, routed.up) &&
                       same(shared->down, routed.down);
-  // Tensor cores when every matrix can be staged (bf16 or fp8 rows whole 16-byte copies, block
-  // formats' whole groups of codes; gate and up in one format) and the experts have rows for
+  // Tensor cores when every matrix can be staged (bf16 or fp8 rows whole 16-byte copies, or a
+  // block format; gate and up in one format) and the experts have rows for
   // their 16-row tiles: four a used expert on average.
   auto mma_ready = [](StackedView const& w) {
     namespace mma = linear_cuda::mma;
@@ -743,7 +744,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
   namespace mb = linear_cuda::mma_blocks;
   auto mma_input_bytes = [](std::int64_t n_rows, std::int64_t k) {
     return std::max(static_cast<std::size_t>(linear_cuda::mma::kParts * n_rows * k) * sizeof(std::uint16_t),
-                    mb::Activations::size(n_rows, k));
+                    mb::Activations::size(n_rows, padded_cols(k)));
   };
   std::size_t const x_mma_at = use_mma ? ws.reserve<std::byte>(mma_input_bytes(a.n_tokens, d_model)) : 0,
                     act_mma_at = use_mma ? ws.reserve<std::byte>(mma_input_bytes(rows, d_ff_max)) : 0;
@@ -825,7 +826,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
     auto prepare = [&](WeightFormat f, float const* in, std::int64_t in_stride, std::int64_t n_rows, std::int64_t k,
                        std::size_t at, MmaParams& p) -> Status {
       if (linear_cuda::reads_codes(f)) {
-        p.codes = mb::Activations::in(ws.at<std::byte>(at), n_rows, k);
+        p.codes = mb::Activations::in(ws.at<std::byte>(at), n_rows, linear_cuda::padded_cols(k));
         return linear_cuda::quantize<Arch>(linear_cuda::rounding(f), in, in_stride, k, p.codes, stream);
       }
       p.parts = ws.at<std::uint16_t>(at), p.part_stride = n_rows * k;

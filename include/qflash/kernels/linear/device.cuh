@@ -1,7 +1,7 @@
 /// @file
 /// Dense projection on CUDA, shared by sm80.cuh and sm90a.cuh. Over mma::kMinTokens tokens
-/// or more, bf16 and fp8 weights take the tensor-core path (mma.cuh), and block formats whose
-/// rows are whole groups of 32 theirs (mma_blocks.cuh); the rest this plain GEMV/GEMM. A warp
+/// or more, bf16 and fp8 weights take the tensor-core path (mma.cuh), and block formats theirs
+/// (mma_blocks.cuh); the rest this plain GEMV/GEMM. A warp
 /// owns kRows output rows and a tile of kTokens tokens, so each weight is read once per tile;
 /// the lanes share each stretch of a row and the warp sums. Sums are fp32. Each lane keeps
 /// several 16-byte weight loads in flight.

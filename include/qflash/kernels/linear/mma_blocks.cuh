@@ -1,8 +1,8 @@
 /// @file
 /// The tensor-core path for block-format weights (q8_0, q4_k, q6_k, int4) on sm_80 and
 /// sm_90a: products of integer codes with mma.sync (the geometry and its reasons:
-/// mma_blocks.hpp). linear takes it for mma::kMinTokens tokens or more when the rows are whole
-/// groups, and the experts' prompt passes (expert_ffn/device.cuh) through multiply_groups:
+/// mma_blocks.hpp). linear takes it for mma::kMinTokens tokens or more, and the experts'
+/// prompt passes (expert_ffn/device.cuh) through multiply_groups:
 /// 1. quantize_kernel (rounding.cuh) writes the activations' codes, and per group of 32
 ///    columns their scale and scaled code sum, into the stream's workspace;
 /// 2. the mma kernel stages those through shared memory (cp.async, two stages), reads the
@@ -66,8 +66,8 @@ __device__ __forceinline__ WarpRows<kMats> warp_rows(WeightView const (&w)[kMats
   return r;
 }
 
-/// A CTA's products over k columns into acc[j] for matrix j, through two stages of `smem`:
-/// load(kt, stage) queues the copies of group kt.
+/// A CTA's products over k columns (whole groups: the activations' padded columns) into acc[j]
+/// for matrix j, through two stages of `smem`: load(kt, stage) queues the copies of group kt.
 template <WeightFormat kF, int kMTiles, int kMats, class Load>
 __device__ __forceinline__ void multiply_groups(WarpRows<kMats> const& rows, std::int64_t k, Load const& load,
                                                 std::uint8_t (&smem)[2][Tile<kMTiles>::kStageBytes],
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(mma::kThreads, 1) mma_blocks_kernel(Params con
     auto const token_row = [&](int t) { return m0 + t < m ? m0 + t : std::int64_t{-1}; };
     float acc[1][kMTiles][mma::kNTiles][4];
     multiply_groups<kF, kMTiles, 1>(
-        rows, p.w.cols, [&](std::int64_t kt, std::uint8_t* stage) { load_stage<kMTiles>(p.a, token_row, kt, stage); },
+        rows, p.a.k, [&](std::int64_t kt, std::uint8_t* stage) { load_stage<kMTiles>(p.a, token_row, kt, stage); },
         smem, acc);
     mma::store(acc[0], m0, m, n0, p.w.rows, p.y, p.ys, p.accumulate, lane);
   }
@@ -189,7 +189,7 @@ template <class Arch, WeightFormat kF>
 Status launch(WeightView const& w, float const* x, std::int64_t xs, std::int64_t m, float* y, std::int64_t ys,
               bool accumulate, cudaStream_t stream) {
   Activations a{};
-  if (Status s = workspace_codes(m, w.cols, stream, a); s != Status::kSuccess) return s;
+  if (Status s = workspace_codes(m, padded_cols(w.cols), stream, a); s != Status::kSuccess) return s;
   if (Status s = quantize<Arch>(rounding(kF), x, xs, w.cols, a, stream); s != Status::kSuccess) return s;
   return multiply<Arch, kF>(w, a, y, ys, accumulate, stream);
 }

@@ -35,9 +35,10 @@ namespace qflash::kernels::linear_cuda::mma_blocks {
 inline constexpr int kCodeLd = 48;  ///< an activation row's stride in a stage, in bf16: 96 bytes
 static_assert(kGroup == 32, "a stage is a group: two k-steps of 16");
 
-/// Whether weights `w` can take this path: a block format whose rows are whole groups (int4's
-/// last block may be short of 128, not of a group).
-inline bool stageable(WeightView const& w) { return reads_codes(w.format) && w.cols % kGroup == 0; }
+/// Whether weights `w` can take this path: a block format, rows of any length. The columns run
+/// to padded_cols(cols): an int4 row may end mid-group, and past its end the activations'
+/// codes are zeros (quantize_kernel), so the last block's codes there add nothing.
+inline bool stageable(WeightView const& w) { return reads_codes(w.format); }
 
 /// Whether linear of `w` over n_tokens takes this path.
 inline bool usable(WeightView const& w, std::int64_t n_tokens) {

@@ -53,7 +53,8 @@ Status launch(LinearGroupArgs const& a, stream_t stream_arg) {
     namespace mb = linear_cuda::mma_blocks;
     Params const first = params_of(a.parts[0]);
     mb::Activations codes{};
-    if (Status s = workspace_codes(first.n_tokens, first.w.cols, stream, codes); s != Status::kSuccess) return s;
+    if (Status s = workspace_codes(first.n_tokens, padded_cols(first.w.cols), stream, codes); s != Status::kSuccess)
+      return s;
     if (Status s = quantize<Arch>(rounding(first.w.format), first.x, first.xs, first.w.cols, codes, stream);
         s != Status::kSuccess)
       return s;

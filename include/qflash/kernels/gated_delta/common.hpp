@@ -1,6 +1,6 @@
 /// @file
 /// Helpers shared by the Gated DeltaNet ops (causal_conv1d, gated_delta, gated_rmsnorm,
-/// gdn_decode): which q/k head a value head reads, an argument-overlap check, and a
+/// gdn_decode): which q/k head a value head reads, the query's scale, an argument-overlap check, and a
 /// vectorisable fp32 exp / SiLU for the CPU kernels.
 ///
 /// `std::exp` is an opaque libm call that keeps a loop scalar; `exp_nonpositive_f32` is plain
@@ -27,6 +27,10 @@ QFLASH_HD constexpr int key_head(int h, int n_head_k, int n_head_v, bool tiled) 
 QFLASH_HD constexpr int value_head(int kh, int j, int n_head_k, int n_head_v, bool tiled) {
   return tiled ? kh + j * n_head_k : kh * (n_head_v / n_head_k) + j;
 }
+
+/// The factor of an l2-normalized query, 1 / sqrt(d_k), rounded once to fp32 as every kernel
+/// uses it.
+QFLASH_HD inline float q_scale(int d_k) { return 1.0f / std::sqrt(static_cast<float>(d_k)); }
 
 /// True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) intersect.
 inline bool ranges_overlap(void const* a, std::int64_t a_bytes, void const* b, std::int64_t b_bytes) {

@@ -568,7 +568,7 @@ struct Layout {
       : qs(a.q_stride_or_default()),
         ks(a.k_stride_or_default()),
         vs(a.v_stride_or_default()),
-        q_scale(1.0f / std::sqrt(static_cast<float>(a.d_k))) {}
+        q_scale(a.q_scale()) {}
 };
 
 /// Runs `fn(item, scratch)` for items [0, n_items) split into one contiguous range per worker;

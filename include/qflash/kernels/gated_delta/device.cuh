@@ -23,7 +23,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include "qflash/kernels/common/cuda.cuh"
@@ -400,7 +399,7 @@ Status launch(GatedDeltaArgs const& a, stream_t stream) {
   p.qs = a.q_stride_or_default();
   p.ks = a.k_stride_or_default();
   p.vs = a.v_stride_or_default();
-  p.q_scale = 1.0f / std::sqrt(static_cast<float>(a.d_k));
+  p.q_scale = a.q_scale();
   if (a.form == DeltaRuleForm::kChunked && a.n_tokens > kMinChunkedTokens)
     return launch_chunked<Arch>(p, warps, static_cast<cudaStream_t>(stream));
   std::size_t const smem = static_cast<std::size_t>(Columns::floats(a.d_k, warps)) * sizeof(float);

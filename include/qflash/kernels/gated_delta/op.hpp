@@ -91,6 +91,8 @@ struct GatedDeltaArgs {
   [[nodiscard]] constexpr QFLASH_HD int key_head(int h) const {
     return gdn::key_head(h, n_head_k, n_head_v, tiled_value_heads);
   }
+  /// 1 / sqrt(d_k) (gdn::q_scale).
+  [[nodiscard]] QFLASH_HD float q_scale() const { return gdn::q_scale(d_k); }
 };
 
 /// Checks arguments; head counts and dims must equal the spec's linear-attention fields when

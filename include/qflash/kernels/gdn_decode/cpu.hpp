@@ -64,7 +64,7 @@ inline void decode_item(GdnDecodeArgs const& a, RowKernels const& rk, ConvTokenF
   for (int j = 0; j < group; ++j)
     conv_channels(conv_token, c, 2 * key_dim + std::int64_t{value_head(j)} * dv, dv, conv_scratch);
 
-  rk.l2norm_scaled(y + std::int64_t{kh} * dk, dk, a.l2norm_eps, 1.0f / std::sqrt(static_cast<float>(dk)), qn);
+  rk.l2norm_scaled(y + std::int64_t{kh} * dk, dk, a.l2norm_eps, a.q_scale(), qn);
   rk.l2norm_scaled(y + key_dim + std::int64_t{kh} * dk, dk, a.l2norm_eps, 1.0f, kn);
   for (int j = 0; j < group; ++j) {
     int const h = value_head(j);

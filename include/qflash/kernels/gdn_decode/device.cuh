@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(32 * gated_delta_cuda::kMaxWarps, 2) step_kern
   }
   __syncthreads();
   token_step(c, s, qk, qk + dk, c.has_col ? v_conv[c.lane] : 0.0f, expf(gates[0]), gates[1], a.l2norm_eps,
-             1.0f / sqrtf(static_cast<float>(dk)), a.out + (row * hv + h) * dv);
+             a.q_scale(), a.out + (row * hv + h) * dv);
   store_columns(s, dk, dv, c.warp, c.col, state);
 
   __threadfence();  // this CTA's out columns, before its count

@@ -64,6 +64,8 @@ struct GdnDecodeArgs {
   [[nodiscard]] constexpr QFLASH_HD int value_head(int kh, int j) const {
     return gdn::value_head(kh, j, n_head_k, n_head_v, tiled_value_heads);
   }
+  /// 1 / sqrt(d_k) (gdn::q_scale).
+  [[nodiscard]] QFLASH_HD float q_scale() const { return gdn::q_scale(d_k); }
 
   [[nodiscard]] QFLASH_HD std::int64_t conv_dim() const {
     return 2 * std::int64_t{n_head_k} * d_k + std::int64_t{n_head_v} * d_v;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
 #include <tuple>
@@ -483,6 +484,50 @@ void check_router(std::int64_t tokens, int n, int k, RoutingPolicy policy, bool 
   CHECK_MESSAGE(g.ok, "shared-expert gate, GPU vs CPU twin: ", g.report);
 }
 
+/// Tokens whose logits hold a NaN, an infinity, only NaNs, only -infinity: every slot still
+/// names an expert below n (or none), each once a token, on the device as on the CPU; the
+/// weights of such tokens are not compared.
+template <MoeSpec S, class Tag>
+void check_router_non_finite(int n, int k) {
+  CAPTURE(n);
+  CAPTURE(k);
+  constexpr std::int64_t kTokens = 4;
+  std::int64_t const stride = n + 1;
+  float const nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto logits = test::random_floats(static_cast<std::size_t>(kTokens * stride), 83, -4, 4);
+  auto at = [&](std::int64_t t, int e) -> float& { return logits[static_cast<std::size_t>(t * stride + e)]; };
+  at(0, n / 2) = nan;
+  at(1, n / 3) = inf;
+  for (int e = 0; e < n; ++e) at(2, e) = nan, at(3, e) = -inf;
+  auto args = [&](float const* l, std::int32_t* e, float* w) {
+    RouterTopkArgs a{};
+    a.logits = l, a.logits_stride = stride, a.experts = e, a.weights = w, a.n_tokens = kTokens;
+    a.n_expert = n, a.n_expert_used = k;
+    return a;
+  };
+  std::size_t const slots = static_cast<std::size_t>(kTokens * k);
+  std::vector<std::int32_t> e_cpu(slots);
+  std::vector<float> w_cpu(slots);
+  REQUIRE(launch_router_topk<S>(arch::Cpu{}, args(logits.data(), e_cpu.data(), w_cpu.data())) == Status::kSuccess);
+  DeviceArray<float> dl(logits), dw(slots);
+  DeviceArray<std::int32_t> de(slots);
+  REQUIRE(launch_router_topk<S>(Tag{}, args(dl.get(), de.get(), dw.get()), nullptr) == Status::kSuccess);
+  synchronize();
+  for (auto const& [experts, side] : {std::pair(e_cpu, "CPU"), std::pair(de.download(), "GPU")})
+    for (std::int64_t t = 0; t < kTokens; ++t) {
+      CAPTURE(side);
+      CAPTURE(t);
+      std::vector<std::int32_t> named;
+      for (int j = 0; j < k; ++j) {
+        std::int32_t const e = experts[static_cast<std::size_t>(t * k + j)];
+        CHECK((e == kNoExpert || (e >= 0 && e < n)));
+        if (e != kNoExpert) named.push_back(e);
+      }
+      std::sort(named.begin(), named.end());
+      CHECK(std::adjacent_find(named.begin(), named.end()) == named.end());
+    }
+}
+
 /// The router's GEMV and the routing in one call (RouterGemv: one kernel on CUDA for up to 16
 /// tokens of an element format, else two): logits against the CPU's within fp32 sums in
 /// another order; experts equal to the CPU's routing of the device's own logits (so a near tie
@@ -721,6 +766,7 @@ void check_instance() {
     check_router<S, Tag>(37, n, k, {}, true);
   }
   check_router<S, Tag>(600000, routes.front().first, routes.front().second, {}, false);  // past the grid cap
+  for (auto [n, k] : routes) check_router_non_finite<S, Tag>(n, k);
   std::int64_t const d_router = S.d_model != kDynamic ? S.d_model : 512;
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8E4m3, WeightFormat::kF32, WeightFormat::kQ8_0}) {
     if ((S.weights != WeightFormat::kAny && S.weights != f) || !row_fits(f, d_router)) continue;

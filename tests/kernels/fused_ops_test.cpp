@@ -90,6 +90,10 @@ TEST_CASE("qk_norm_rope: strided heads, both weight kinds, static and generic d_
   a.head_stride = 32;
   a.y = x.data();  // in place needs dense heads
   CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
+  a.head_stride = 0;
+  CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kSuccess);  // in place, dense
+  a.y = x.data() + 8;  // y overlapping x, not in place: its writes would race the reads
+  CHECK(launch_qk_norm_rope<spec::generic>(arch::Cpu{}, a) == Status::kErrorInvalidProblem);
 }
 
 TEST_CASE("qk_norm_rope: queries and keys in one call are the two calls, bit for bit") {

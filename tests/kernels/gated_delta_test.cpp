@@ -349,8 +349,18 @@ TEST_CASE("gated_delta: can_implement rejects bad arguments; static specs check 
   a.out = p.v.data();  // out must not overlap v
   CHECK(launch(a) == Status::kErrorInvalidProblem);
   a = p.args();
+  a.g = p.state.data();  // the state is written while g and beta are read: apart
+  CHECK(launch(a) == Status::kErrorInvalidProblem);
+  a = p.args();
+  a.beta = p.state.data() + 5;
+  CHECK(launch(a) == Status::kErrorInvalidProblem);
+  a = p.args();
   a.q_stride = 5;  // shorter than a token row
   CHECK(launch(a) == Status::kErrorInvalidProblem);
+  CHECK(launch(p.args(), static_cast<DeltaRuleForm>(2)) == Status::kErrorInvalidProblem);  // no such form
+  a = p.args();
+  a.chunk_size = 0;  // checked by can_implement, which every arch's launcher calls
+  CHECK(kernels::can_implement_gated_delta<spec::generic>(a) == Status::kErrorInvalidProblem);
   CHECK(launch(p.args(), DeltaRuleForm::kChunked, 0) == Status::kErrorInvalidProblem);
   CHECK(launch(p.args(), DeltaRuleForm::kChunked, kernels::kMaxDeltaChunk + 1) == Status::kErrorInvalidProblem);
   CHECK(launch(p.args(), DeltaRuleForm::kRecurrent, 0) == Status::kSuccess);  // chunk unused

@@ -390,8 +390,6 @@ Status launch_chunked(Params const& p, int warps, cudaStream_t stream) {
 template <class Arch, MoeSpec S>
 Status launch(GatedDeltaArgs const& a, stream_t stream) {
   if (Status s = can_implement_gated_delta<S>(a); s != Status::kSuccess) return s;
-  if (a.form == DeltaRuleForm::kChunked && (a.chunk_size < 1 || a.chunk_size > kMaxDeltaChunk))
-    return Status::kErrorInvalidProblem;
   int const warps = (a.d_k + kRows - 1) / kRows;
   if (warps > kMaxWarps) return Status::kErrorNotSupported;
   Params p{};

@@ -104,6 +104,9 @@ template <MoeSpec S>
   if (a.n_tokens <= 0 || a.n_head_k <= 0 || a.n_head_v <= 0 || a.d_k <= 0 || a.d_v <= 0 ||
       a.n_head_v % a.n_head_k != 0 || !(a.l2norm_eps >= 0.0f))
     return Status::kErrorInvalidProblem;
+  if (a.form != DeltaRuleForm::kRecurrent && a.form != DeltaRuleForm::kChunked) return Status::kErrorInvalidProblem;
+  if (a.form == DeltaRuleForm::kChunked && (a.chunk_size < 1 || a.chunk_size > kMaxDeltaChunk))
+    return Status::kErrorInvalidProblem;
   std::int64_t const qk_row = std::int64_t{a.n_head_k} * a.d_k;
   std::int64_t const v_row = std::int64_t{a.n_head_v} * a.d_v;
   if (a.q_stride < 0 || a.k_stride < 0 || a.v_stride < 0 || (a.q_stride && a.q_stride < qk_row) ||
@@ -129,7 +132,8 @@ template <MoeSpec S>
       ranges_overlap(a.out, out_bytes, a.state, state_bytes) ||
       ranges_overlap(a.state, state_bytes, a.q, q_bytes) ||
       ranges_overlap(a.state, state_bytes, a.k, k_bytes) ||
-      ranges_overlap(a.state, state_bytes, a.v, v_bytes))
+      ranges_overlap(a.state, state_bytes, a.v, v_bytes) || ranges_overlap(a.state, state_bytes, a.g, gb_bytes) ||
+      ranges_overlap(a.state, state_bytes, a.beta, gb_bytes))
     return Status::kErrorInvalidProblem;
   return Status::kSuccess;
 }

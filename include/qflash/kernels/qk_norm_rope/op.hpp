@@ -69,17 +69,18 @@ struct QkNormRopeArgs {
 /// Checks arguments; d_head is the spec's when static.
 template <MoeSpec S>
 [[nodiscard]] inline Status can_implement_qk_norm_rope(QkNormRopeArgs const& a) {
+  // The bytes a call reads and writes.
+  auto in_bytes = [](QkNormRopeArgs const& c) {
+    std::int64_t const last =
+        (c.n_tokens - 1) * c.token_stride_or_default() + (c.n_head - 1) * c.head_stride_or_default();
+    return c.n_tokens > 0 ? (last + c.d_head) * std::int64_t{sizeof(float)} : 0;
+  };
+  auto out_bytes = [](QkNormRopeArgs const& c) { return c.n_tokens * c.n_head * c.d_head * std::int64_t{sizeof(float)}; };
+  using gdn::ranges_overlap;
   if (a.keys.x) {
     QkNormRopeArgs const k = a.keys_call();
     if (Status s = can_implement_qk_norm_rope<S>(k); s != Status::kSuccess) return s;
-    // The bytes a call reads and writes; one set's writes must miss the other's.
-    auto in_bytes = [](QkNormRopeArgs const& c) {
-      std::int64_t const last =
-          (c.n_tokens - 1) * c.token_stride_or_default() + (c.n_head - 1) * c.head_stride_or_default();
-      return c.n_tokens ? (last + c.d_head) * std::int64_t{sizeof(float)} : 0;
-    };
-    auto out_bytes = [](QkNormRopeArgs const& c) { return c.n_tokens * c.n_head * c.d_head * std::int64_t{sizeof(float)}; };
-    using gdn::ranges_overlap;
+    // One set's writes must miss the other's.
     if (ranges_overlap(a.y, out_bytes(a), k.y, out_bytes(k)) || ranges_overlap(a.y, out_bytes(a), k.x, in_bytes(k)) ||
         ranges_overlap(k.y, out_bytes(k), a.x, in_bytes(a)))
       return Status::kErrorInvalidProblem;
@@ -90,7 +91,9 @@ template <MoeSpec S>
     return Status::kErrorInvalidProblem;
   std::int64_t const hs = a.head_stride_or_default(), ts = a.token_stride_or_default();
   if (hs < a.d_head || ts < (a.n_head - 1) * hs + a.d_head) return Status::kErrorInvalidProblem;
-  if (a.y == a.x && (hs != a.d_head || ts != a.n_head * hs)) return Status::kErrorInvalidProblem;
+  // In place: y is x, dense; otherwise apart.
+  if (a.y == a.x ? hs != a.d_head || ts != a.n_head * hs : ranges_overlap(a.y, out_bytes(a), a.x, in_bytes(a)))
+    return Status::kErrorInvalidProblem;
   if (S.d_head != kDynamic && a.d_head != S.d_head) return Status::kErrorInvalidProblem;
   return Status::kSuccess;
 }

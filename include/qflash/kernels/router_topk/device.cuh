@@ -53,9 +53,12 @@ __device__ __forceinline__ void route_token(RouterTopkArgs const& a, float const
     sum += fmaxf(p[j], 0.0f);
   }
   float const inv = 1.0f / cuda::warp_sum(sum);
+  // A NaN probability (from a NaN or an infinite logit) counts as 0, so that every slot still
+  // gets an expert below n, as the CPU's do: such a token's weights mean nothing, but no
+  // kernel reads past the experts.
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j)
-    if (p[j] >= 0.0f) p[j] *= inv;
+    if (lane + 32 * j < n) p[j] = p[j] * inv >= 0.0f ? p[j] * inv : 0.0f;
 
   float mine_w = 0.0f;  // slot `lane`'s probability and expert
   int mine_e = kNoExpert;

@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -187,6 +189,20 @@ Run on_cpu(runtime::LoadedModel m, std::vector<std::vector<std::int32_t>> const&
   return r;
 }
 
+/// A CudaGraphRecorder whose every third capture fails after the step has been queued into it.
+struct FlakyRecorder final : StepRecorder {
+  runtime::CudaGraphRecorder inner;
+  int steps = 0;
+  bool run(stream_t stream, std::function<void()> const& enqueue) override {
+    if (++steps % 3 != 0) return inner.run(stream, enqueue);
+    return inner.run(stream, [&] {
+      enqueue();
+      throw std::runtime_error("a capture that fails");
+    });
+  }
+  [[nodiscard]] std::string summary() const override { return inner.summary(); }
+};
+
 Run on_gpu(runtime::LoadedModel m, std::vector<std::vector<std::int32_t>> const& prompts, int n_greedy,
            model::ModelOptions const& opts = {}) {
   Run r;
@@ -351,7 +367,70 @@ TEST_CASE("model on CUDA: steps recorded as CUDA graphs give the logits and rout
     CHECK(graphed_routes.full_routes == plain_routes.full_routes);
     CHECK(graphed_routes.incremental_routes == plain_routes.incremental_routes);
     CHECK(test::max_abs_diff(graphed_routes.incremental, plain_routes.incremental) == 0.0);
+
+    // Every third step's capture fails after the whole step was queued into it: nothing of it
+    // runs, the model runs the step plainly, and the steps after it are recorded again.
+    auto const flaky = std::make_shared<FlakyRecorder>();
+    o.recorder = flaky;
+    Run fallen_back;
+    runtime::with_cuda_model(load(kMicro, w), 0, o, false, [&](auto& m) { fallen_back = run(m, prompts, 24, false); });
+    MESSAGE("flaky graph steps: ", flaky->inner.summary());
+    CHECK(flaky->inner.failures() > 0);
+    CHECK(flaky->inner.updates() > 0);
+    CHECK(test::max_abs_diff(fallen_back.incremental, plain.incremental) == 0.0);
+    CHECK(test::max_abs_diff(fallen_back.batch_decode, plain.batch_decode) == 0.0);
+    CHECK(test::max_abs_diff(fallen_back.decode_alone, plain.decode_alone) == 0.0);
+    CHECK(fallen_back.greedy == plain.greedy);
   }
+}
+
+TEST_CASE("CUDA graph recorder: a step it cannot record queues nothing, and later steps record again") {
+  cudaStream_t s = nullptr;
+  QFLASH_TEST_CUDA(cudaStreamCreate(&s));
+  constexpr std::size_t kN = 256;
+  test::gpu::DeviceArray<std::uint8_t> buf(kN);
+  auto fill = [&](int byte) {  // queues a fill of buf; throws if the call fails (as the model's launches do)
+    if (cudaMemsetAsync(buf.get(), byte, kN, s) != cudaSuccess) throw std::runtime_error("cudaMemsetAsync failed");
+  };
+  auto holds = [&](int byte) {  // whether buf holds `byte` everywhere, once the stream is done
+    QFLASH_TEST_CUDA(cudaStreamSynchronize(s));
+    auto const got = buf.download();
+    return std::all_of(got.begin(), got.end(), [&](std::uint8_t b) { return b == byte; });
+  };
+  auto capturing = [&] {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    QFLASH_TEST_CUDA(cudaStreamIsCapturing(s, &st));
+    return st != cudaStreamCaptureStatusNone;
+  };
+  runtime::CudaGraphRecorder rec;
+  CHECK(rec.run(s, [&] { fill(1); }));
+  CHECK(holds(1));
+  CHECK(rec.run(s, [&] { fill(2); }));  // the same shape, another value
+  CHECK(holds(2));
+  // The work throws after queueing a fill: not recorded, and the fill never runs.
+  CHECK_FALSE(rec.run(s, [&] {
+    fill(3);
+    throw std::runtime_error("a launch failed");
+  }));
+  CHECK_FALSE(capturing());
+  CHECK(holds(2));
+  // Waiting on the stream is not allowed while it is captured: the capture is invalidated.
+  CHECK_FALSE(rec.run(s, [&] {
+    fill(4);
+    (void)cudaStreamSynchronize(s);
+  }));
+  CHECK_FALSE(capturing());
+  CHECK(holds(2));
+  QFLASH_TEST_CUDA(cudaGetLastError());  // nothing left for the next launch to report
+  fill(4);  // the caller's plain run
+  CHECK(holds(4));
+  CHECK_FALSE(rec.run(nullptr, [&] { fill(5); }));  // the legacy stream is not captured
+  CHECK(holds(4));
+  CHECK(rec.run(s, [&] { fill(6); }));
+  CHECK(holds(6));
+  CHECK(rec.failures() == 2);
+  CHECK(rec.updates() + rec.instantiations() == 3);
+  QFLASH_TEST_CUDA(cudaStreamDestroy(s));
 }
 
 TEST_CASE("model on CUDA: LoRA adapters equal PEFT, unmerged and merged") {

@@ -173,6 +173,9 @@ TEST_CASE("causal_conv1d: can_implement rejects bad arguments; static specs chec
   a = p.args();
   a.y = p.x.data() + 1;  // overlaps x
   CHECK(launch(a) == Status::kErrorInvalidProblem);
+  a = p.args();
+  a.state = p.x.data() + 2;  // overlaps x, which the state is rewritten from
+  CHECK(launch(a) == Status::kErrorInvalidProblem);
   CHECK(kernels::launch_causal_conv1d<spec::qwen3_6_35b_a3b>(arch::Cpu{}, p.args()) == Status::kSuccess);
   ConvProblem k3(4, 8, 3, true, false, 6);
   CHECK(kernels::launch_causal_conv1d<spec::qwen3_6_35b_a3b>(arch::Cpu{}, k3.args()) ==

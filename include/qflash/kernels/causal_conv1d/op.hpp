@@ -41,7 +41,9 @@ template <MoeSpec S>
   std::int64_t const act_bytes = a.n_tokens * a.n_channels * std::int64_t{sizeof(float)};
   std::int64_t const state_bytes = std::int64_t{a.n_channels} * (a.d_conv - 1) * std::int64_t{sizeof(float)};
   if (gdn::ranges_overlap(a.y, act_bytes, a.x, act_bytes)) return Status::kErrorInvalidProblem;
-  if (a.d_conv > 1 && gdn::ranges_overlap(a.y, act_bytes, a.state, state_bytes))
+  // The state is read and rewritten from x's last tokens: apart from y and from x.
+  if (a.d_conv > 1 && (gdn::ranges_overlap(a.y, act_bytes, a.state, state_bytes) ||
+                       gdn::ranges_overlap(a.x, act_bytes, a.state, state_bytes)))
     return Status::kErrorInvalidProblem;
   return Status::kSuccess;
 }

@@ -848,15 +848,13 @@ inline void run_blocks(RowKernels const& rk, GatedDeltaArgs const& a, DeltaRuleF
 
 }  // namespace gated_delta_detail
 
-/// The delta rule with an explicit ISA level (tests run every level this CPU has).
-inline Status gated_delta(arch::CpuIsa isa, GatedDeltaArgs const& a, DeltaRuleForm form,
-                          int chunk_size = 64) {
+/// The delta rule with an explicit ISA level (tests run every level this CPU has), in `form`
+/// with `chunk_size` in place of the arguments' own.
+inline Status gated_delta(arch::CpuIsa isa, GatedDeltaArgs a, DeltaRuleForm form, int chunk_size = 64) {
   namespace d = gated_delta_detail;
+  a.form = form;
+  a.chunk_size = chunk_size;
   if (Status s = can_implement_gated_delta<MoeSpec{}>(a); s != Status::kSuccess) return s;
-  if (form != DeltaRuleForm::kRecurrent && form != DeltaRuleForm::kChunked)
-    return Status::kErrorInvalidProblem;
-  if (form == DeltaRuleForm::kChunked && (chunk_size < 1 || chunk_size > kMaxDeltaChunk))
-    return Status::kErrorInvalidProblem;
   d::run_blocks(d::row_kernels(isa), a, form, chunk_size);
   return Status::kSuccess;
 }

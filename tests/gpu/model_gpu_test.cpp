@@ -1,7 +1,7 @@
 // The whole model on CUDA (runtime/cuda/model.hpp) against the transformers fixtures and its
 // CPU twin: logits of whole prompts and of token-by-token decode, the greedy continuation, a
 // ragged batch and its sequences decoding together, the default model in several weight schemes,
-// LoRA adapters against PEFT, and what a device model refuses.
+// LoRA adapters against PEFT, steps recorded as CUDA graphs, and what a device model refuses.
 #include "gpu/gpu_main.hpp"
 
 #include <algorithm>
@@ -382,6 +382,73 @@ TEST_CASE("model on CUDA: steps recorded as CUDA graphs give the logits and rout
     CHECK(test::max_abs_diff(fallen_back.decode_alone, plain.decode_alone) == 0.0);
     CHECK(fallen_back.greedy == plain.greedy);
   }
+}
+
+TEST_CASE("model on CUDA: graphs of a long decode, candidate steps and repeated prompt shapes equal plain launches") {
+  // Past 2 * kSplitKeys (64) positions attention splits its keys through the stream's
+  // workspace, and the split count, with it the combine launch, changes as the context grows:
+  // a step whose graph no longer matches is instantiated anew. Candidate steps add
+  // token_candidates' launches and copies; two prompts of one shape in a row record a
+  // multi-token kLastToken step (its last rows gathered by a device copy) as an update.
+  constexpr int kPositions = 400;  // the default model holds 1024
+  constexpr int kCandidates = 8;
+  std::vector<std::int32_t> const prompt = {1, 17, 402, 33, 9};
+  std::vector<std::int32_t> const same_shape = {3, 99, 14, 250, 7};
+  std::vector<std::int32_t> const excluded = {0, 5};
+  float const temperature = 0.7f;
+  struct Steps {
+    std::vector<float> logits;  // the plain steps' rows, one after another
+    std::vector<std::int32_t> ids, tokens;
+    std::vector<float> values;
+    std::vector<double> stats;  // max, log_norm, mass of each candidate row
+  };
+  auto steps = [&](auto& m) {
+    Steps r;
+    std::vector<float> logits;
+    for (auto const* p : {&prompt, &same_shape}) {
+      auto s = m.new_sequence();
+      model::SequenceChunk const c{*p, &s};
+      m.forward(std::span(&c, 1), model::LogitsFor::kLastToken, logits);
+      r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+    }
+    auto s = m.new_sequence();
+    model::SequenceChunk c{prompt, &s};
+    m.forward(std::span(&c, 1), model::LogitsFor::kLastToken, logits);
+    auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    model::LogitCandidates cand;
+    for (auto pos = static_cast<int>(prompt.size()); pos < kPositions; ++pos) {
+      r.tokens.push_back(next);
+      c = {std::span(&next, 1), &s};
+      if (pos % 3 != 0) {
+        m.forward(std::span(&c, 1), model::LogitsFor::kLastToken, logits);
+        r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+        next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      } else {
+        m.forward(std::span(&c, 1), model::LogitsFor::kLastToken,
+                  model::CandidateRequest{kCandidates, std::span(&temperature, 1), excluded}, cand);
+        r.ids.insert(r.ids.end(), cand.ids.begin(), cand.ids.end());
+        r.values.insert(r.values.end(), cand.values.begin(), cand.values.end());
+        r.stats.insert(r.stats.end(), {cand.stats[0].max, cand.stats[0].log_norm, cand.stats[0].mass});
+        next = cand.ids_of(0)[0];
+      }
+    }
+    return r;
+  };
+  Steps plain, graphed;
+  runtime::with_cuda_model(load(kMicro), 0, {}, false, [&](auto& m) { plain = steps(m); });
+  auto const recorder = std::make_shared<runtime::CudaGraphRecorder>();
+  model::ModelOptions o;
+  o.recorder = recorder;
+  runtime::with_cuda_model(load(kMicro), 0, o, false, [&](auto& m) { graphed = steps(m); });
+  MESSAGE("graph steps: ", recorder->summary());
+  CHECK(recorder->failures() == 0);
+  CHECK(recorder->updates() > 0);
+  CHECK(recorder->instantiations() >= 2);  // a candidate step and a plain one differ in kernels
+  CHECK(graphed.tokens == plain.tokens);
+  CHECK(test::max_abs_diff(graphed.logits, plain.logits) == 0.0);
+  CHECK(graphed.ids == plain.ids);
+  CHECK(graphed.values == plain.values);
+  CHECK(graphed.stats == plain.stats);
 }
 
 TEST_CASE("CUDA graph recorder: a step it cannot record queues nothing, and later steps record again") {

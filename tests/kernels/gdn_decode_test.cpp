@@ -276,6 +276,25 @@ TEST_CASE("gdn_decode: the launcher follows arch::cpu_isa(); no sequences is not
   CHECK(refused([&](GdnDecodeArgs& b) { b.norm_weight = q.norm_w.data(); }));  // the norm without z
   CHECK(refused([&](GdnDecodeArgs& b) { b.norm_weight = q.norm_w.data(), b.z = b.out; }));
   CHECK(refused([&](GdnDecodeArgs& b) { b.norm_weight = q.norm_w.data(), b.z = b.out + 1; }));  // overlapping
+  // Every sequence its own row, state and conv state: two sharing one would race.
+  std::int64_t const same_row[] = {2, 2}, negative_row[] = {2, -1};
+  std::vector<float*> const shared_state = {s[0], s[0]}, shared_conv = {c[1], c[1]};
+  std::vector<float*> const no_state = {s[0], nullptr}, no_conv = {nullptr, c[1]};
+  CHECK(refused([&](GdnDecodeArgs& b) { b.rows = same_row; }));
+  CHECK(refused([&](GdnDecodeArgs& b) { b.rows = negative_row; }));
+  CHECK(refused([&](GdnDecodeArgs& b) { b.state = shared_state.data(); }));
+  CHECK(refused([&](GdnDecodeArgs& b) { b.conv_state = shared_conv.data(); }));
+  CHECK(refused([&](GdnDecodeArgs& b) { b.state = no_state.data(); }));
+  CHECK(refused([&](GdnDecodeArgs& b) { b.conv_state = no_conv.data(); }));
+  // The check's own buffer: on the stack up to 256 sequences, on the heap past it.
+  for (int n : {1, 256, 300}) {
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) rows[static_cast<std::size_t>(i)] = 3 * (n - i);
+    CHECK(gdn::distinct(rows.data(), n));
+    if (n == 1) continue;
+    rows.back() = rows.front();
+    CHECK_FALSE(gdn::distinct(rows.data(), n));
+  }
   // A static spec takes its own shapes only.
   CHECK(launch_gdn_decode<spec::qwen3_6_35b_a3b>(arch::Cpu{}, q.args(c, s)) == Status::kErrorInvalidProblem);
 }

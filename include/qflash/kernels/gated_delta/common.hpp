@@ -1,6 +1,6 @@
 /// @file
 /// Helpers shared by the Gated DeltaNet ops (causal_conv1d, gated_delta, gated_rmsnorm,
-/// gdn_decode): which q/k head a value head reads, the query's scale, an argument-overlap check, and a
+/// gdn_decode): which q/k head a value head reads, the query's scale, argument checks, and a
 /// vectorisable fp32 exp / SiLU for the CPU kernels.
 ///
 /// `std::exp` is an opaque libm call that keeps a loop scalar; `exp_nonpositive_f32` is plain
@@ -9,9 +9,12 @@
 /// ulp (the fp64 references in tests/kernels/* check silu to ~1e-7 relative). NaN propagates.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "qflash/core/config.hpp"
 
@@ -38,6 +41,19 @@ inline bool ranges_overlap(void const* a, std::int64_t a_bytes, void const* b, s
   auto const pb = reinterpret_cast<std::uintptr_t>(b);
   return pa < pb + static_cast<std::uintptr_t>(b_bytes) &&
          pb < pa + static_cast<std::uintptr_t>(a_bytes);
+}
+
+/// Whether the n values at p are all different (each sequence's own row or state). Sorts a
+/// copy, on the stack up to kOnStack values: a warm decode step allocates nothing.
+template <class T>
+bool distinct(T const* p, int n) {
+  constexpr int kOnStack = 256;
+  std::array<T, kOnStack> small;
+  std::vector<T> large(n > kOnStack ? static_cast<std::size_t>(n) : 0);
+  T* const v = n > kOnStack ? large.data() : small.data();
+  std::copy(p, p + n, v);
+  std::sort(v, v + n);
+  return std::adjacent_find(v, v + n) == v + n;
 }
 
 /// e^x for x <= 0 (larger x: garbage; NaN propagates). Below -87 the result is ~1.6e-38, not

@@ -127,7 +127,10 @@ __global__ void __launch_bounds__(32 * gated_delta_cuda::kMaxWarps, 2) step_kern
     __threadfence();  // the CTA's writes, seen through the barrier, before the count
     unsigned* const done = p.done + i * a.n_head_k + kh;
     last = atomicAdd(done, 1u) == static_cast<unsigned>(group) * gridDim.x - 1;
-    if (last) *done = 0;
+    if (last) {
+      __threadfence();  // acquire: the counted CTAs' writes, before this CTA reads them
+      *done = 0;
+    }
   }
   __syncthreads();
   if (!last) return;

@@ -121,7 +121,8 @@ struct GdnDecodeArgs {
   }
 };
 
-/// Checks arguments (not the rows' or states' extents, which live behind the pointer arrays);
+/// Checks arguments (not the rows' or states' extents, which live behind the pointer arrays):
+/// every sequence has its own row, state and conv state (sequences sharing one would race);
 /// head counts and dims must equal the spec's linear-attention fields when those are static.
 template <MoeSpec S>
 [[nodiscard]] inline Status can_implement_gdn_decode(GdnDecodeArgs const& a) {
@@ -134,6 +135,11 @@ template <MoeSpec S>
       a.n_head_v % a.n_head_k != 0 || !(a.l2norm_eps >= 0.0f))
     return Status::kErrorInvalidProblem;
   if (a.x == a.conv_out || a.out == a.conv_out || a.out == a.x) return Status::kErrorInvalidProblem;
+  for (int i = 0; i < a.n_seqs; ++i)
+    if (a.rows[i] < 0 || !a.state[i] || (a.d_conv > 1 && !a.conv_state[i])) return Status::kErrorInvalidProblem;
+  if (!gdn::distinct(a.rows, a.n_seqs) || !gdn::distinct(a.state, a.n_seqs) ||
+      (a.d_conv > 1 && !gdn::distinct(a.conv_state, a.n_seqs)))
+    return Status::kErrorInvalidProblem;
   if (!a.dt_bias != !a.neg_a || (a.dt_bias && a.g == a.beta)) return Status::kErrorInvalidProblem;
   if (!a.norm_weight != !a.z || (a.norm_weight && !(a.norm_eps >= 0.0f))) return Status::kErrorInvalidProblem;
   // The norm's rows of z and out sit at the same offsets: one row's overlap is every row's.

@@ -3,7 +3,7 @@
 // are dynamic): one token (rows by slot, down and combine in one launch) and many (tiles of several rows per expert), unused route slots, a
 // shared expert of another width, gate and up in different formats, fused and separate SwiGLU,
 // rows too short for the vector path; prompts on tensor cores (bf16, fp8 and the block
-// formats; 16-row tiles, the shared expert merged or not); LoRA updates of two adapters and
+// formats; 16-row tiles, the shared expert merged or not); 256 experts, 8 a token; LoRA updates of two adapters and
 // none, token by token (more runs than one launch takes), on both paths; and the launch CUDA
 // refuses (experts not at one stride). Tolerance, relative to each token's largest output: fp32 sums in another order and
 // the device's expf in SwiGLU (H200: up to ~1e-4); with block-format rows, an activation a few
@@ -299,6 +299,12 @@ void check_instance() {
       check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kF32,
                           .d_model = 200, .d_ff = 100, .tokens = 6, .n_expert = 5, .k = 2,
                           .shared = WeightFormat::kFp8E4m3, .d_ff_shared = 60});
+      // Qwen3.6's routing width, 256 experts and 8 a token, with a shared expert: one token
+      // (rows by slot) and a prompt grouped by expert on the device, on the tensor cores.
+      for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{40}})
+        check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kBf16,
+                            .d_model = 64, .d_ff = 32, .tokens = tokens, .n_expert = 256, .k = 8,
+                            .shared = WeightFormat::kBf16, .d_ff_shared = 32});
       // int4 rows that end mid-group, on the tensor cores (40 tokens) and the GEMV (3).
       for (std::int64_t tokens : {std::int64_t{40}, std::int64_t{3}})
         check_case<S, Tag>({.gate = WeightFormat::kInt4, .up = WeightFormat::kInt4, .down = WeightFormat::kInt4,

@@ -404,25 +404,25 @@ TEST_CASE("model on CUDA: graphs of a long decode, candidate steps and repeated 
   };
   auto steps = [&](auto& m) {
     Steps r;
-    std::vector<float> logits;
+    // c's last logits appended to r.logits; returns the greedy token.
+    auto plain_step = [&](model::SequenceChunk const& c) {
+      auto const logits = forward(m, std::span(&c, 1), model::LogitsFor::kLastToken);
+      r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+      return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    };
     for (auto const* p : {&prompt, &same_shape}) {
       auto s = m.new_sequence();
-      model::SequenceChunk const c{*p, &s};
-      m.forward(std::span(&c, 1), model::LogitsFor::kLastToken, logits);
-      r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+      plain_step({*p, &s});
     }
     auto s = m.new_sequence();
     model::SequenceChunk c{prompt, &s};
-    m.forward(std::span(&c, 1), model::LogitsFor::kLastToken, logits);
-    auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    auto next = plain_step(c);
     model::LogitCandidates cand;
     for (auto pos = static_cast<int>(prompt.size()); pos < kPositions; ++pos) {
       r.tokens.push_back(next);
       c = {std::span(&next, 1), &s};
       if (pos % 3 != 0) {
-        m.forward(std::span(&c, 1), model::LogitsFor::kLastToken, logits);
-        r.logits.insert(r.logits.end(), logits.begin(), logits.end());
-        next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        next = plain_step(c);
       } else {
         m.forward(std::span(&c, 1), model::LogitsFor::kLastToken,
                   model::CandidateRequest{kCandidates, std::span(&temperature, 1), excluded}, cand);

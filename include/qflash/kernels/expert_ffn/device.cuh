@@ -26,8 +26,8 @@
 /// into its own rows; beside each projection, u = A x and then y += B u for the pair rows whose
 /// token has an update (lora_a_kernel, lora_b_kernel); SwiGLU then runs on its own.
 /// Routed experts, and their updates, are read as StackedViews (stacked.hpp): others are
-/// kErrorNotSupported. Slots with an expert id out of range make no row (the router never
-/// writes one).
+/// kErrorNotSupported. Slots with an expert id out of range make no row, as kNoExpert's do
+/// (the ids are on the device; the CPU refuses them, and the router never writes one).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -955,10 +955,11 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
         static_cast<int>(shared_rows), merged, tile_rows, tiles, tile_count, row_token, slot_row, row_expert);
     if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
   }
-  // Unused routed rows stay zero: block formats' down quantizes every row of its group (other
-  // formats read only the rows of tiles), and LoRA's SwiGLU runs over every row.
+  // Rows no slot took (kNoExpert) stay zero where a pass reads every row of its group: down's
+  // inputs quantized for a block format or prepared for tensor cores, and LoRA's SwiGLU (other
+  // passes read only the rows of tiles).
   for (float* rows_of : {act, act_up})
-    if (rows_of && (lora || act_rounded[1] || act_rounded[2]))
+    if (rows_of && (lora || use_mma || act_rounded[1] || act_rounded[2]))
       if (cudaMemsetAsync(rows_of, 0, static_cast<std::size_t>(rows * d_ff_max) * sizeof(float), stream) != cudaSuccess)
         return Status::kErrorCuda;
   if (Status st = use_mma ? run_mma() : run_gemv(); st != Status::kSuccess) return st;

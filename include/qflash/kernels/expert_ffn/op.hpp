@@ -35,7 +35,10 @@ struct ExpertLora {
 struct ExpertFfnArgs {
   std::span<ExpertWeights const> experts;  // [n_expert]
   float const* x = nullptr;                 // [n_tokens, d_model]
-  std::int32_t const* routes = nullptr;     // [n_tokens, n_expert_used] expert ids; kNoExpert: unused slot
+  /// [n_tokens, n_expert_used] expert ids; kNoExpert: an unused slot. Another id outside
+  /// [0, n_expert): the CPU returns kErrorInvalidProblem; CUDA, which launches before it could
+  /// read them, treats the slot as unused.
+  std::int32_t const* routes = nullptr;
   float const* route_weights = nullptr;     // [n_tokens, n_expert_used]
   float* out = nullptr;                     // [n_tokens, d_model], accumulated into
   std::int64_t n_tokens = 0;

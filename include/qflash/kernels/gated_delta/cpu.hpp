@@ -825,13 +825,13 @@ inline void chunked_block(RowKernels const& rk, GatedDeltaArgs const& a, Layout 
   });
 }
 
-/// Both forms: tokens in NormBlocks (whole chunks for kChunked), q and k normalised per block.
-inline void run_blocks(RowKernels const& rk, GatedDeltaArgs const& a, DeltaRuleForm form,
-                       int chunk_size) {
+/// Both forms (a.form; chunks of a.chunk_size): tokens in NormBlocks (whole chunks for
+/// kChunked), q and k normalised per block.
+inline void run_blocks(RowKernels const& rk, GatedDeltaArgs const& a) {
   Layout const l(a);
-  int const lc = static_cast<int>(std::min<std::int64_t>(chunk_size, a.n_tokens));
+  int const lc = static_cast<int>(std::min<std::int64_t>(a.chunk_size, a.n_tokens));
   std::int64_t block = std::min(a.n_tokens, kNormBlockTokens);
-  if (form == DeltaRuleForm::kChunked) block = std::min(a.n_tokens, (block + lc - 1) / lc * lc);
+  if (a.form == DeltaRuleForm::kChunked) block = std::min(a.n_tokens, (block + lc - 1) / lc * lc);
   std::int64_t const dkp = pad16(a.d_k);
   thread_local AlignedFloats buf;  // the calling thread's; workers reach it through nb
   float* const norms = buf.data(static_cast<std::size_t>(2 * a.n_head_k * block * dkp));
@@ -839,7 +839,7 @@ inline void run_blocks(RowKernels const& rk, GatedDeltaArgs const& a, DeltaRuleF
   for (std::int64_t t0 = 0; t0 < a.n_tokens; t0 += block) {
     std::int64_t const n = std::min(block, a.n_tokens - t0);
     normalize_block(rk, a, l, t0, n, nb);
-    if (form == DeltaRuleForm::kRecurrent)
+    if (a.form == DeltaRuleForm::kRecurrent)
       recurrent_block(rk, a, l, nb, t0, n);
     else
       chunked_block(rk, a, l, nb, t0, n, lc);
@@ -855,7 +855,7 @@ inline Status gated_delta(arch::CpuIsa isa, GatedDeltaArgs a, DeltaRuleForm form
   a.form = form;
   a.chunk_size = chunk_size;
   if (Status s = can_implement_gated_delta<MoeSpec{}>(a); s != Status::kSuccess) return s;
-  d::run_blocks(d::row_kernels(isa), a, form, chunk_size);
+  d::run_blocks(d::row_kernels(isa), a);
   return Status::kSuccess;
 }
 

@@ -300,8 +300,9 @@ void check_instance() {
                           .d_model = 200, .d_ff = 100, .tokens = 6, .n_expert = 5, .k = 2,
                           .shared = WeightFormat::kFp8E4m3, .d_ff_shared = 60});
       // Qwen3.6's routing width, 256 experts and 8 a token, with a shared expert: one token
-      // (rows by slot) and a prompt grouped by expert on the device, on the tensor cores.
-      for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{40}})
+      // (rows by slot), prompts grouped by expert on the device: 40 tokens on the GEMV, 160 on
+      // the tensor cores (5 rows an expert on average: every tile short of its 16 rows).
+      for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{40}, std::int64_t{160}})
         check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kBf16,
                             .d_model = 64, .d_ff = 32, .tokens = tokens, .n_expert = 256, .k = 8,
                             .shared = WeightFormat::kBf16, .d_ff_shared = 32});

@@ -5,9 +5,9 @@
 // - attention equals the CPU kernel and ref::attention (dequantize, then attend) within
 //   kDot: fp32 sums in another order over values decoded with fused multiply-adds; decode
 //   with contexts long enough to split the keys over CTAs, prefill, odd head widths, GQA
-//   groups of 1 to 12, the output gate, blocks handed out in shuffled order. Prefill of 64
-//   rows or more takes the tensor-core path (attention/mma.cuh): each head bucket (64, 128,
-//   256), padded widths, partial row tiles, split keys.
+//   groups of 1 to 12, the output gate, blocks handed out in shuffled order and blocks of 1 to
+//   64 tokens. Prefill of 64 rows or more takes the tensor-core path (attention/mma.cuh):
+//   each head bucket (64, 128, 256), padded widths, partial row tiles, split keys.
 // - attention_decode (many sequences' append + attention in one call) equals its CPU twin and
 //   ref::attention_decode within kDot and writes the CPU's bytes: sequences of different
 //   lengths in one arena, rows out of order, split keys, more sequences than one launch takes.
@@ -97,7 +97,8 @@ std::vector<std::vector<kv::KvFormats>> layouts_for(int n_kv) {
 }
 
 template <MoeSpec S, class Tag>
-void check_attention(Problem const& p, std::vector<kv::KvFormats> const& heads, bool shuffled_blocks) {
+void check_attention(Problem const& p, std::vector<kv::KvFormats> const& heads, bool shuffled_blocks,
+                     int block_tokens = kv::kBlockTokens) {
   CAPTURE(p.d);
   CAPTURE(p.n_ctx);
   CAPTURE(p.n_tokens);
@@ -107,8 +108,9 @@ void check_attention(Problem const& p, std::vector<kv::KvFormats> const& heads, 
   CAPTURE(to_string(heads[0].k));
   CAPTURE(to_string(heads[0].v));
   CAPTURE(shuffled_blocks);
+  CAPTURE(block_tokens);
   Inputs const in(p, static_cast<std::uint64_t>(p.d * 7 + p.n_ctx));
-  kv::LayerCache cache(heads, p.d, p.n_ctx);
+  kv::LayerCache cache(heads, p.d, p.n_ctx, block_tokens);
   if (shuffled_blocks) {  // a pool whose free list was shuffled hands its blocks out in that order
     std::vector<std::int32_t> all;
     cache.pool().allocate(cache.pool().capacity(), all);
@@ -243,7 +245,8 @@ void check_instance() {
   std::vector<Problem> problems;
   if constexpr (S.d_head != kDynamic && S.n_head != kDynamic && S.n_head_kv != kDynamic) {
     // The spec's own heads: decode (split over the keys at 1500), prefill (the tensor-core
-    // path at 70 tokens, and 24 after 600 cached, split over the keys), and the gate.
+    // path at 70 tokens; 24 after 600 cached, split over the keys, there too when a group of
+    // query heads is 3 or more), and the gate.
     problems = {{S.n_head, S.n_head_kv, S.d_head, 1500, 1, true},
                 {S.n_head, S.n_head_kv, S.d_head, 70, 70, false},
                 {S.n_head, S.n_head_kv, S.d_head, 624, 24, true},
@@ -251,16 +254,25 @@ void check_instance() {
   } else {
     // Decode and prefill, GQA groups of 1, 2, 4 and 12, odd widths (short last chunks),
     // contexts that end inside a block, split decode, the widest head; and the tensor-core
-    // path: heads of 256 (split keys), 128, padded 40 and 20, a group of 1, partial tiles.
+    // path: heads of 256 (split keys), 128, padded 40 and 20, a group of 1, partial tiles,
+    // the gate without a key split, widths 75, 130 and 198 (odd, 2 and 6 past a multiple of
+    // 8), 8 KV heads, a group of 64 decoding one token.
     problems = {{4, 2, 64, 37, 1},     {4, 2, 32, 300, 300}, {12, 1, 16, 20, 5, true}, {3, 3, 24, 17, 17},
                 {2, 1, 20, 33, 3},     {4, 2, 256, 530, 2},  {16, 2, 256, 2000, 1, true}, {8, 2, 128, 700, 9},
                 {4, 1, 512, 600, 1},   {2, 2, 40, 1030, 1},  {16, 2, 256, 300, 40, true}, {32, 4, 128, 200, 100},
-                {8, 1, 40, 1030, 8, true}, {2, 2, 20, 70, 70}, {4, 1, 512, 80, 80}};
+                {8, 1, 40, 1030, 8, true}, {2, 2, 20, 70, 70}, {4, 1, 512, 80, 80}, {16, 2, 256, 70, 70, true},
+                {4, 2, 75, 90, 40},    {6, 2, 130, 150, 30, true}, {4, 1, 198, 120, 16}, {32, 8, 64, 100, 40},
+                {64, 1, 64, 500, 1}};
   }
   for (Problem const& p : problems)
     for (auto const& heads : layouts_for<S>(p.n_kv)) check_attention<S, Tag>(p, heads, false);
-  Problem const first = problems.front();
-  check_attention<S, Tag>(first, layouts_for<S>(first.n_kv).back(), true);
+  // Blocks handed out in shuffled order, and blocks of 1, 7 and 64 tokens: decode (the first
+  // problem) and prefill on the tensor cores (the second).
+  for (Problem const& p : {problems[0], problems[1]}) {
+    auto const& mixed = layouts_for<S>(p.n_kv).back();
+    check_attention<S, Tag>(p, mixed, true);
+    for (int block_tokens : {1, 7, 64}) check_attention<S, Tag>(p, mixed, false, block_tokens);
+  }
 
   int const n_kv = S.n_head_kv != kDynamic ? S.n_head_kv : 2;
   for (int d : S.d_head != kDynamic ? std::vector<int>{S.d_head} : std::vector<int>{40, 64, 130, 256})

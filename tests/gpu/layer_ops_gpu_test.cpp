@@ -251,6 +251,10 @@ struct DeltaCase {
   bool tiled;                      ///< value head j reads q/k head j % n_head_k
   bool strided;                    ///< q, k, v inside one [q | k | v] row per token
   int chunk = 64;                  ///< the chunked form's chunk_size
+  /// Decays near 1 (g in [-0.05, 0]) and q, k of one sign, as a trained layer's: a chunk's
+  /// far products and deep substitution rows then weigh (with g down to -2 and keys of both
+  /// signs they fade within a dozen tokens, and A is near the identity).
+  bool long_memory = false;
 };
 
 template <MoeSpec S, class Tag>
@@ -263,6 +267,8 @@ void check_gated_delta(DeltaCase const& c) {
   CAPTURE(c.tiled);
   CAPTURE(c.strided);
   CAPTURE(c.chunk);
+  CAPTURE(c.long_memory);
+  float const qk_lo = c.long_memory ? 0.0f : -1.0f;
   std::int64_t n = 0;
   for (auto r : c.runs) n += r;
   std::int64_t const qk = std::int64_t{c.n_head_k} * c.d_k, vw = std::int64_t{c.n_head_v} * c.d_v;
@@ -270,13 +276,14 @@ void check_gated_delta(DeltaCase const& c) {
   std::vector<float> q, k, v;
   std::vector<float> qkv;
   if (c.strided) {
-    qkv = test::random_floats(static_cast<std::size_t>(n * row), 71, -1, 1);
+    qkv = test::random_floats(static_cast<std::size_t>(n * row), 71, qk_lo, 1);
   } else {
-    q = test::random_floats(static_cast<std::size_t>(n * qk), 72, -1, 1);
-    k = test::random_floats(static_cast<std::size_t>(n * qk), 73, -1, 1);
+    q = test::random_floats(static_cast<std::size_t>(n * qk), 72, qk_lo, 1);
+    k = test::random_floats(static_cast<std::size_t>(n * qk), 73, qk_lo, 1);
     v = test::random_floats(static_cast<std::size_t>(n * vw), 74, -1, 1);
   }
-  auto const g = test::random_floats(static_cast<std::size_t>(n * c.n_head_v), 75, -2.0f, -0.001f);
+  auto const g = test::random_floats(static_cast<std::size_t>(n * c.n_head_v), 75, c.long_memory ? -0.05f : -2.0f,
+                                     c.long_memory ? 0.0f : -0.001f);
   auto const beta = test::random_floats(g.size(), 76, 0.0f, 1.0f);
   auto const state0 = test::random_floats(static_cast<std::size_t>(c.n_head_v * c.d_k * c.d_v), 77, -0.5f, 0.5f);
   // Host and device operands: a base pointer per operand, offset per call below.
@@ -446,14 +453,17 @@ void check_gdn_decode(DecodeCase const& c) {
 /// per_token, a policy per token cycling through three): experts equal the CPU's, weights and
 /// the shared gate within fp32 rounding.
 template <MoeSpec S, class Tag>
-void check_router(std::int64_t tokens, int n, int k, RoutingPolicy policy, bool per_token) {
+void check_router(std::int64_t tokens, int n, int k, RoutingPolicy policy, bool per_token, float lowest = -4.0f,
+                  bool renormalize = true) {
   CAPTURE(tokens);
   CAPTURE(n);
   CAPTURE(k);
   CAPTURE(static_cast<int>(policy.kind));
   CAPTURE(per_token);
+  CAPTURE(lowest);
+  CAPTURE(renormalize);
   std::int64_t const stride = n + 1;  // the router's GEMV rows, then the shared-expert gate
-  auto const logits = test::random_floats(static_cast<std::size_t>(tokens * stride), 81, -4, 4);
+  auto const logits = test::random_floats(static_cast<std::size_t>(tokens * stride), 81, lowest, 4);
   std::vector<RoutingPolicy> policies;
   if (per_token) {
     RoutingPolicy const choices[] = {{}, {RoutingPolicy::Kind::kTopP, 0.6f, 0.0f, 2, 0},
@@ -464,6 +474,7 @@ void check_router(std::int64_t tokens, int n, int k, RoutingPolicy policy, bool 
     RouterTopkArgs a{};
     a.logits = l, a.logits_stride = stride, a.experts = e, a.weights = w, a.n_tokens = tokens;
     a.n_expert = n, a.n_expert_used = k, a.policy = policy, a.token_policies = per, a.shared_weights = shared;
+    a.renormalize = renormalize;
     return a;
   };
   std::size_t const slots = static_cast<std::size_t>(tokens * k);
@@ -675,7 +686,10 @@ void check_token_candidates(std::int64_t rows, int vocab, int k, int n_excluded,
     CAPTURE(r);
     CHECK(got[r].max == stats[r].max);
     CHECK(got[r].non_finite == stats[r].non_finite);
-    CHECK(got[r].log_norm == doctest::Approx(stats[r].log_norm).epsilon(1e-6));
+    if (std::isinf(stats[r].log_norm))  // every id excluded: -inf on both (Approx(-inf) fails: inf - inf is NaN)
+      CHECK(got[r].log_norm == stats[r].log_norm);
+    else
+      CHECK(got[r].log_norm == doctest::Approx(stats[r].log_norm).epsilon(1e-6));
     CHECK(got[r].mass == doctest::Approx(stats[r].mass).epsilon(1e-6));
   }
 }
@@ -724,6 +738,15 @@ void check_instance() {
       check_gated_delta<S, Tag>({1, 2, 256, 40, {130}, false, false});
       check_gated_delta<S, Tag>({1, 1, 256, 16, {200}, false, false});
       check_gated_delta<S, Tag>({1, 1, 17, 33, {1, 2, 3}, true, false});
+      // Long memory: Qwen3.6's heads over a last chunk of one token (129 = 2 x 64 + 1), and
+      // 300 tokens in chunks of 100 (64 on the device).
+      check_gated_delta<S, Tag>({16, 32, 128, 128, {130, 1, 129}, true, true, 64, true});
+      check_gated_delta<S, Tag>({2, 4, 64, 64, {300}, false, false, 100, true});
+      // The chunked form with one warp (d_k 17) and with chunks of one token; exactly 16
+      // tokens, the longest call the recurrence takes on the device.
+      check_gated_delta<S, Tag>({1, 1, 17, 33, {40}, false, false, 64, true});
+      check_gated_delta<S, Tag>({2, 2, 64, 32, {65}, false, false, 1});
+      check_gated_delta<S, Tag>({2, 4, 64, 64, {16, 16}, false, false});
     }
     if constexpr (S.d_head_k_linear != kDynamic) {
       for (bool fused : {false, true})  // the model's decode step fuses both
@@ -764,6 +787,9 @@ void check_instance() {
     check_router<S, Tag>(37, n, k, {}, false);
     check_router<S, Tag>(37, n, k, {RoutingPolicy::Kind::kTopP, 0.5f, 0.0f, 1, 0}, false);
     check_router<S, Tag>(37, n, k, {}, true);
+    // Logits spread over 300: most experts lie more than 87 below a token's best, where both
+    // count e^-87 and tie (lower ids first); and the weights left as probabilities.
+    check_router<S, Tag>(37, n, k, {}, false, -300.0f, false);
   }
   check_router<S, Tag>(600000, routes.front().first, routes.front().second, {}, false);  // past the grid cap
   for (auto [n, k] : routes) check_router_non_finite<S, Tag>(n, k);

@@ -6,6 +6,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+
 #include "numeric/float_cases.hpp"
 #include "qflash/numeric/fp8.hpp"
 
@@ -87,10 +91,34 @@ TEST_CASE("fp8 e4m3: the device's branch-free decode equals the host's for all 2
   for (std::uint32_t c = 0; c < 256; ++c) {
     CAPTURE(c);
     auto const code = static_cast<std::uint8_t>(c);
-    CHECK(bits_of(detail::decode_e4m3_scaled(code)) == bits_of(detail::decode_minifloat(code, detail::kFp8E4m3Format)));
+    CHECK(bits_of(detail::decode_e4m3_branchless(code)) ==
+          bits_of(detail::decode_minifloat(code, detail::kFp8E4m3Format)));
   }
-  static_assert(detail::decode_e4m3_scaled(0x01) == 0x1p-9f);  // a subnormal, in a constant expression
+  static_assert(detail::decode_e4m3_branchless(0x01) == 0x1p-9f);  // a subnormal, in a constant expression
 }
+
+#if defined(__SSE2__)
+TEST_CASE("fp8 e4m3: the branch-free decode is exact with subnormals flushed (FTZ and DAZ)") {
+  std::vector<std::uint32_t> want(256);
+  for (std::uint32_t c = 0; c < 256; ++c)
+    want[c] = bits_of(detail::decode_minifloat(static_cast<std::uint8_t>(c), detail::kFp8E4m3Format));
+  unsigned const csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8000u | 0x0040u);  // MXCSR's flush-to-zero and denormals-are-zero bits
+  std::vector<std::uint32_t> got(256);
+  for (std::uint32_t c = 0; c < 256; ++c) {
+    volatile std::uint8_t const code = static_cast<std::uint8_t>(c);  // decoded at run time, under this mode
+    got[c] = bits_of(detail::decode_e4m3_branchless(code));
+  }
+  volatile float const tiny = 0x1p-149f;
+  bool const flushing = tiny * 1.0f == 0.0f;
+  _mm_setcsr(csr);
+  REQUIRE(flushing);  // the mode took
+  for (std::uint32_t c = 0; c < 256; ++c) {
+    CAPTURE(c);
+    CHECK(got[c] == want[c]);
+  }
+}
+#endif
 
 TEST_CASE("fp8 e5m2: all 256 codes decode to the e5m2 values") {
   for (std::uint32_t c = 0; c < 256; ++c) {

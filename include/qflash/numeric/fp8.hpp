@@ -74,13 +74,15 @@ QFLASH_HD constexpr Fp8E5m2 to_fp8_e5m2(float x, Fp8Saturation s = Fp8Saturation
 namespace detail {
 
 /// e4m3 -> fp32 without branches, equal to decode_minifloat bit for bit: the code's exponent
-/// and mantissa placed in an fp32's bits and scaled by 2^(127 - 7) give every finite value
-/// exactly (exponent 0 lands in fp32's subnormals, which the scaling renormalises); the sign
-/// goes on after; S.1111.111 is NaN. What the device decodes with (no per-value branches in a
-/// GEMV's inner loop); needs subnormals kept (no flush-to-zero).
-QFLASH_HD constexpr float decode_e4m3_scaled(std::uint8_t code) {
+/// and mantissa go into an fp32's bits, the exponent raised by 127 - 7; a subnormal code
+/// (exponent 0) takes exponent 1 and drops the implicit one by subtracting 2^-6, exactly. No
+/// step makes or reads an fp32 subnormal, so flush-to-zero builds decode alike. The sign goes
+/// on after; S.1111.111 is NaN. What the device decodes with (no per-value branches in a
+/// GEMV's inner loop).
+QFLASH_HD constexpr float decode_e4m3_branchless(std::uint8_t code) {
   std::uint32_t const mag = code & 0x7Fu;
-  float const v = float_of(mag << 20) * 0x1p120f;
+  bool const subnormal = mag < 0x08u;
+  float const v = float_of((mag << 20) + ((subnormal ? 121u : 120u) << 23)) - (subnormal ? 0x1p-6f : 0.0f);
   return mag == 0x7Fu ? float_of(kCanonicalNanBits) : float_of(bits_of(v) | (std::uint32_t{code} & 0x80u) << 24);
 }
 
@@ -89,7 +91,7 @@ QFLASH_HD constexpr float decode_e4m3_scaled(std::uint8_t code) {
 /// e4m3 -> fp32, exact.
 QFLASH_HD constexpr float to_float(Fp8E4m3 x) {
 #ifdef __CUDA_ARCH__
-  return detail::decode_e4m3_scaled(x.bits);
+  return detail::decode_e4m3_branchless(x.bits);
 #else
   return detail::decode_minifloat(x.bits, detail::kFp8E4m3Format);
 #endif

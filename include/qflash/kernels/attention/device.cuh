@@ -366,12 +366,16 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Params const p, int n
   combine_row<kPerLane>(p, rows, row, n_split, row / p.n_head, static_cast<int>(row % p.n_head));
 }
 
-/// Streaming multiprocessors of the current device; 0 when they cannot be read.
+/// Streaming multiprocessors of the current device; 0 when they cannot be read (callers then
+/// split nothing), the error taken off the runtime's last error so that no later launch's
+/// status reports it.
 inline int sm_count() {
   int device = 0, n_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
     return 0;
+  }
   return n_sm;
 }
 

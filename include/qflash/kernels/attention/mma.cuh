@@ -271,9 +271,9 @@ Status launch(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t stream) 
   if (n_split == 0) return Status::kErrorCuda;
   auto const smem = static_cast<std::size_t>(smem_floats(kD, p.d)) * sizeof(float);
   auto const kernel = mma_kernel<Arch, kScheme, kD>;
-  if (smem > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
-    return Status::kErrorCuda;
+  if (Status s = cuda::allow_dynamic_smem(kernel, static_cast<std::size_t>(smem_floats(kD, kD)) * sizeof(float));
+      s != Status::kSuccess)
+    return s;
   dim3 const grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n_split));
   kernel<<<grid, kThreads, smem, stream>>>(kv, p);
   Status status = cuda::last_launch_status();

@@ -64,7 +64,9 @@ QFLASH_HD constexpr float tf32_round(float x) {
 /// x as big + small, both tf32: big the tf32 nearest x (toward zero where the nearest is past
 /// the largest float), small the tf32 nearest x - big (which fp32 holds exactly), so
 /// |x - big - small| <= 2^-22 |x| (or 2^-137 for subnormal x). Inf and NaN: big = x (NaN
-/// quieted), small = 0, so that an Inf's products are the CPU's (Inf, not NaN).
+/// quieted), small = 0. An Inf still meets the other operand's small part, which is 0 where
+/// that operand is a tf32 value (a weight of exactly 1, a bf16 key): 0 x Inf makes such a row
+/// NaN where the CPU gives Inf (only non-finite cached keys or values do this).
 struct Tf32Pair {
   float big, small;
 };

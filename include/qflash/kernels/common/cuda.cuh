@@ -50,4 +50,17 @@ inline Status last_launch_status() {
   return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kErrorCuda;
 }
 
+/// Lets `kernel` launch with up to `bytes` of dynamic shared memory (above 48 KiB an opt-in).
+/// Callers pass the most any launch of the kernel takes, the same on every call, so that host
+/// threads launching it at once never lower each other's limit. A refusal is taken off the
+/// runtime's last error too, so that the next launch's status is its own.
+template <class... Params>
+Status allow_dynamic_smem(void (*kernel)(Params...), std::size_t bytes) {
+  if (bytes <= 48 * 1024 ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) == cudaSuccess)
+    return Status::kSuccess;
+  static_cast<void>(cudaGetLastError());
+  return Status::kErrorCuda;
+}
+
 }  // namespace qflash::kernels::cuda

@@ -34,20 +34,29 @@ inline StreamBuffers& stream_buffers() {
   static StreamBuffers b;  // a stream's buffer lives until it is released, else to the process's end
   return b;
 }
+/// A runtime call here failed: its error is taken off the runtime's last error (the caller
+/// learns of it from the null it gets, and may go on without the memory), so that no later
+/// launch's status reports it.
+inline std::nullptr_t failed() {
+  static_cast<void>(cudaGetLastError());
+  return nullptr;
+}
 /// Whether `stream` is being captured into a graph, or its state cannot be read: no
 /// allocation on it then.
 inline bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess) return capture != cudaStreamCaptureStatusNone;
+  failed();
+  return true;
 }
 }  // namespace detail
 
 /// At least `bytes` bytes of device memory for work queued on `stream` (the current device's),
 /// until the next call for that stream; null when it must grow while the stream is being
-/// captured, or the allocation failed.
+/// captured, or the allocation failed (its error taken off the runtime's last error).
 inline void* stream_workspace(cudaStream_t stream, std::size_t bytes) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  if (cudaGetDevice(&device) != cudaSuccess) return detail::failed();
   detail::StreamBuffers& all = detail::stream_buffers();
   std::lock_guard lock(all.mutex);
   detail::StreamBuffer& b = all.buffers[{device, stream}];
@@ -58,7 +67,7 @@ inline void* stream_workspace(cudaStream_t stream, std::size_t bytes) {
   constexpr std::size_t kGranule = std::size_t{1} << 20, kFirst = 8 * kGranule;
   std::size_t const want = (std::max({bytes, 2 * b.bytes, kFirst}) + kGranule - 1) / kGranule * kGranule;
   void* p = nullptr;
-  if (cudaMallocAsync(&p, want, stream) != cudaSuccess) return nullptr;
+  if (cudaMallocAsync(&p, want, stream) != cudaSuccess) return detail::failed();
   if (b.data) cudaFreeAsync(b.data, stream);
   b.data = p;
   b.bytes = want;
@@ -73,7 +82,7 @@ inline void* stream_workspace(cudaStream_t stream, std::size_t bytes) {
 inline constexpr int kStreamCounters = 4096;
 inline unsigned* stream_counters(cudaStream_t stream) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  if (cudaGetDevice(&device) != cudaSuccess) return detail::failed();
   detail::StreamBuffers& all = detail::stream_buffers();
   std::lock_guard lock(all.mutex);
   detail::StreamBuffer& b = all.buffers[{device, stream}];
@@ -81,10 +90,10 @@ inline unsigned* stream_counters(cudaStream_t stream) {
   if (detail::capturing(stream)) return nullptr;
   void* p = nullptr;
   std::size_t const bytes = kStreamCounters * sizeof(unsigned);
-  if (cudaMallocAsync(&p, bytes, stream) != cudaSuccess) return nullptr;
+  if (cudaMallocAsync(&p, bytes, stream) != cudaSuccess) return detail::failed();
   if (cudaMemsetAsync(p, 0, bytes, stream) != cudaSuccess) {
     cudaFreeAsync(p, stream);
-    return nullptr;
+    return detail::failed();
   }
   b.counters = static_cast<unsigned*>(p);
   return b.counters;

@@ -192,6 +192,12 @@ __host__ __device__ constexpr std::size_t chunk_smem(int c, int dk) {
          sizeof(float);
 }
 
+/// Shared memory of state_kernel for a block of `warps` warps and chunks of c tokens: the warps'
+/// partial sums [warps][c][kCols] and V' [c][kCols].
+__host__ __device__ constexpr std::size_t state_smem(int warps, int c) {
+  return static_cast<std::size_t>(warps + 1) * c * kCols * sizeof(float);
+}
+
 struct ChunkParams {
   Params p;
   std::int64_t t0;   ///< the group's first token
@@ -279,8 +285,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
   }
 }
 
-/// Grid: x column blocks of kCols, y value heads; block 32 * ceil(d_k / 32). Shared: the warps'
-/// partial sums [warps][c][kCols], V' [c][kCols].
+/// Grid: x column blocks of kCols, y value heads; block 32 * ceil(d_k / 32). Shared: state_smem.
 template <class Arch>
 __global__ void __launch_bounds__(32 * kMaxWarps) state_kernel(ChunkParams const cp) {
   extern __shared__ float smem[];
@@ -364,16 +369,11 @@ Status launch_chunked(Params const& p, int warps, cudaStream_t stream) {
   auto* const work = static_cast<float*>(
       cuda::stream_workspace(stream, static_cast<std::size_t>(group_chunks * a.n_head_v * l.floats()) * sizeof(float)));
   if (!work) return Status::kErrorCuda;
-  std::size_t const smem1 = chunk_smem(c, a.d_k);
-  if (smem1 > 48 * 1024 &&
-      cudaFuncSetAttribute(chunk_kernel<Arch>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem1)) !=
-          cudaSuccess)
-    return Status::kErrorCuda;
-  std::size_t const smem2 = static_cast<std::size_t>(warps + 1) * c * kCols * sizeof(float);
-  if (smem2 > 48 * 1024 &&
-      cudaFuncSetAttribute(state_kernel<Arch>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem2)) !=
-          cudaSuccess)
-    return Status::kErrorCuda;
+  std::size_t const smem1 = chunk_smem(c, a.d_k), smem2 = state_smem(warps, c);
+  if (Status s = cuda::allow_dynamic_smem(chunk_kernel<Arch>, kMaxChunkSmem); s != Status::kSuccess) return s;
+  if (Status s = cuda::allow_dynamic_smem(state_kernel<Arch>, state_smem(kMaxWarps, kMaxChunk));
+      s != Status::kSuccess)
+    return s;
   for (std::int64_t t0 = 0; t0 < a.n_tokens; t0 += group) {
     ChunkParams cp{p, t0, std::min(group, a.n_tokens - t0), l, work};
     dim3 const chunks(static_cast<unsigned>((cp.n + c - 1) / c), static_cast<unsigned>(a.n_head_v));
@@ -391,7 +391,7 @@ template <class Arch, MoeSpec S>
 Status launch(GatedDeltaArgs const& a, stream_t stream) {
   if (Status s = can_implement_gated_delta<S>(a); s != Status::kSuccess) return s;
   int const warps = (a.d_k + kRows - 1) / kRows;
-  if (warps > kMaxWarps) return Status::kErrorNotSupported;
+  if (warps > kMaxWarps || a.n_head_v > 65535) return Status::kErrorNotSupported;  // heads: grid y
   Params p{};
   p.a = a;
   p.qs = a.q_stride_or_default();

@@ -1,5 +1,5 @@
 /// @file
-/// The gated delta rule (recurrent form) for sm_80 (A100 class; newer GPUs run it through its PTX).
+/// The gated delta rule, both forms, for sm_80 (A100 class; newer GPUs run it through its PTX).
 /// Included only by the generated instance TUs `cuda_<spec>_sm80.cu`; consumers include
 /// op.hpp and link the instances.
 #pragma once

@@ -1,5 +1,5 @@
 /// @file
-/// The gated delta rule (recurrent form) for sm_90a (H100/H200): device.cuh's kernel with the Sm90a tag (own symbols).
+/// The gated delta rule, both forms, for sm_90a (H100/H200): device.cuh's kernels with the Sm90a tag (own symbols).
 /// Included only by the generated instance TUs `cuda_<spec>_sm90a.cu`.
 #pragma once
 

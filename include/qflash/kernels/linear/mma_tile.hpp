@@ -7,8 +7,10 @@
 /// widen the codes as they load them; the block scales multiply each stage's sums).
 /// Activations are fp32: each is split into three bf16 parts, hi + mid + lo, whose sum is x to
 /// within 2^-24 of |x|, and each part's products are summed into the same fp32 accumulators.
-/// A bf16 times a bf16 is exact in fp32, so the sums are fp32 sums of the exact products, as
-/// the CPU's are, in another order.
+/// A bf16 times a bf16 is exact in fp32, so each product is exact, as the CPU's are; the sums
+/// differ from the CPU's in order, and in that the tensor cores align each step's products to
+/// the largest and truncate rather than round each addition (the GPU tests' tolerance holds
+/// rows of 4096 columns to it).
 ///
 /// A CTA (kThreads) owns kBlockN rows of each of kMats weight matrices and kBlockM = 16 kMTiles
 /// tokens, and walks the columns kBlockK at a time through shared memory. Warp w owns weight
@@ -77,7 +79,9 @@ struct Tile {
 /// x = hi + mid + lo to within 2^-24 |x| (finite x; or 2^-133, bf16's least subnormal, for
 /// tiny x): each part is the bf16 nearest to what the parts before it leave (hi: toward zero
 /// where the nearest is past bf16's largest), and each remainder is exact in fp32. Inf and
-/// NaN: hi = x, mid = lo = 0, so that their products are the CPU's, not NaN.
+/// NaN: hi = x, mid = lo = 0, so that an Inf activation's products are the CPU's. An Inf
+/// weight times the parts of a finite activation gives NaN where a part is 0 or of the other
+/// sign (the CPU gives Inf).
 QFLASH_HD constexpr void split3(float x, std::uint16_t (&part)[kParts]) {
   constexpr std::uint32_t kExponent = 0x7F800000u;
   auto const finite = [](float v) { return (qflash::detail::bits_of(v) & kExponent) != kExponent; };
@@ -92,8 +96,8 @@ QFLASH_HD constexpr void split3(float x, std::uint16_t (&part)[kParts]) {
 /// Two e4m3 codes (the lower column in the low byte) as a bf16 pair (the lower column in the
 /// low half): exact, as every e4m3 value is a bf16 value; NaN stays NaN.
 QFLASH_HD constexpr std::uint32_t bf16_pair_of_e4m3(std::uint16_t codes) {
-  std::uint32_t const lo = qflash::detail::bits_of(qflash::detail::decode_e4m3_scaled(codes & 0xFFu));
-  std::uint32_t const hi = qflash::detail::bits_of(qflash::detail::decode_e4m3_scaled(codes >> 8));
+  std::uint32_t const lo = qflash::detail::bits_of(qflash::detail::decode_e4m3_branchless(codes & 0xFFu));
+  std::uint32_t const hi = qflash::detail::bits_of(qflash::detail::decode_e4m3_branchless(codes >> 8));
   return lo >> 16 | (hi & 0xFFFF0000u);
 }
 

@@ -49,7 +49,10 @@ __device__ __forceinline__ void route_token(RouterTopkArgs const& a, float const
   float sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
-    p[j] = lane + 32 * j < n ? expf(p[j] - mx) : -1.0f;  // -1: never chosen
+    // Differences below -87 count as -87, as the CPU's exponential takes them (a NaN stays
+    // NaN): experts that far below the best tie, and ties go to the lower id on both.
+    float const d = p[j] - mx;
+    p[j] = lane + 32 * j < n ? expf(d < -87.0f ? -87.0f : d) : -1.0f;  // -1: never chosen
     sum += fmaxf(p[j], 0.0f);
   }
   float const inv = 1.0f / cuda::warp_sum(sum);

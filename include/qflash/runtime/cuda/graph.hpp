@@ -8,7 +8,9 @@
 /// Not yet run on a GPU: opt-in (runtime/cuda/model.hpp, QFLASH_CUDA_GRAPHS=1).
 /// The model's stream is a blocking one (ordered after the legacy stream): while a step is
 /// being captured, another thread's work on the same device's legacy stream fails, and the
-/// capture with it (the step then runs plainly). One recorder serves one host thread.
+/// capture with it (the step then runs plainly). One recorder serves one host thread. A step's
+/// graph is launched on the stream it was captured from, once at a time: kernels that count
+/// their CTAs on that stream's counters (kernels/common/stream_workspace.cuh) rely on it.
 ///
 /// Host code that calls the CUDA runtime API: include it only where CUDA is enabled.
 #pragma once

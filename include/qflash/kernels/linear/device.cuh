@@ -14,6 +14,7 @@
 ///   (block_codes.hpp) and sums the products of codes with dp4a, each span scaled.
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -75,6 +76,19 @@ __device__ __forceinline__ float element(RowRef r, std::int64_t i) {
   return 0.0f;
 }
 
+/// Two e4m3 codes (the first in the low byte) as floats, exactly. sm_89 and later convert
+/// both in one instruction (cvt.rn.f16x2.e4m3x2, through CUDA's cuda_fp8.h; every e4m3
+/// value is an f16 normal, and every f16 a float); sm_80 decodes each with integer and float
+/// arithmetic (decode_e4m3_branchless). NaN codes give NaN (from sm_89 on, f16's canonical
+/// NaN widened: another payload than the CPU's).
+__device__ __forceinline__ float2 e4m3x2_to_float2(std::uint16_t codes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3)));
+#else
+  return {to_float(Fp8E4m3{static_cast<std::uint8_t>(codes)}), to_float(Fp8E4m3{static_cast<std::uint8_t>(codes >> 8)})};
+#endif
+}
+
 /// The kLaneValues<kF> values in 16 loaded bytes that start at value i (fp8: scaled; the
 /// 128-column scale blocks hold whole lane steps).
 template <WeightFormat kF>
@@ -92,7 +106,11 @@ __device__ __forceinline__ void unpack(uint4 v, RowRef r, std::int64_t i, float 
   } else {
     float const s = r.scales[i / kFp8BlockSize];
 #pragma unroll
-    for (int e = 0; e < 16; ++e) w[e] = to_float(Fp8E4m3{static_cast<std::uint8_t>(words[e / 4] >> (8 * (e % 4)))}) * s;
+    for (int e = 0; e < 16; e += 2) {
+      float2 const pair = e4m3x2_to_float2(static_cast<std::uint16_t>(words[e / 4] >> (8 * (e % 4))));
+      w[e] = pair.x * s;
+      w[e + 1] = pair.y * s;
+    }
   }
 }
 

@@ -56,13 +56,17 @@ bool distinct(T const* p, int n) {
   return std::adjacent_find(v, v + n) == v + n;
 }
 
-/// e^x for x <= 0 (larger x: garbage; NaN propagates). Below -87 the result is ~1.6e-38, not
-/// the true (subnormal or zero) value.
+/// The lowest argument exp_nonpositive_f32 takes: below it, e^x is e^-87 (~1.6e-38), not the
+/// true subnormal or zero. The router on CUDA clamps at it too, so that experts that far below
+/// the best tie there as on the CPU.
+inline constexpr float kExpFloor = -87.0f;
+
+/// e^x for x <= 0 (larger x: garbage; NaN propagates); x below kExpFloor counts as kExpFloor.
 QFLASH_FORCEINLINE float exp_nonpositive_f32(float x) {
   // One clamp only: a second comparison invites jump threading, which copies everything
   // downstream (the silu division included) into each path, and the vectoriser then runs
   // every copy under masks (measured: 3 divisions per vector instead of 1).
-  x = x < -87.0f ? -87.0f : x;
+  x = x < kExpFloor ? kExpFloor : x;
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kRoundShift = 12582912.0f;  // 1.5 * 2^23: (y + shift) - shift rounds y to an integer
   float const shifted = x * kLog2e + kRoundShift;  // n + 1.5 * 2^23: n in the low mantissa bits

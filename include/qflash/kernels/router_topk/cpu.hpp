@@ -23,8 +23,8 @@ namespace router_topk_detail {
 
 /// p[0, n) = softmax(l[0, n)): the max and the sum of e^(l - max) each over 16 partial
 /// results (so that they vectorise without reassociating), then p scaled by 1 / sum. Logits
-/// more than 87 below the max all get e^-87 (gated_delta/common.hpp's clamp): about 1e-38,
-/// where the reference has 0 or a subnormal.
+/// more than 87 below the max all get e^-87 (gdn::kExpFloor): about 1e-38, where the reference
+/// has 0 or a subnormal.
 QFLASH_FORCEINLINE void softmax(float const* l, int n, float* p) {
   constexpr int kLanes = 16;
   float part[kLanes];

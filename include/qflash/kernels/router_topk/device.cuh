@@ -16,6 +16,7 @@
 
 #include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
+#include "qflash/kernels/gated_delta/common.hpp"
 #include "qflash/kernels/linear/device.cuh"
 #include "qflash/kernels/router_topk/op.hpp"
 
@@ -49,10 +50,10 @@ __device__ __forceinline__ void route_token(RouterTopkArgs const& a, float const
   float sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
-    // Differences below -87 count as -87, as the CPU's exponential takes them (a NaN stays
-    // NaN): experts that far below the best tie, and ties go to the lower id on both.
+    // Differences below gdn::kExpFloor count as it, as the CPU's exponential takes them (a NaN
+    // stays NaN): experts that far below the best tie, and ties go to the lower id on both.
     float const d = p[j] - mx;
-    p[j] = lane + 32 * j < n ? expf(d < -87.0f ? -87.0f : d) : -1.0f;  // -1: never chosen
+    p[j] = lane + 32 * j < n ? expf(d < gdn::kExpFloor ? gdn::kExpFloor : d) : -1.0f;  // -1: never chosen
     sum += fmaxf(p[j], 0.0f);
   }
   float const inv = 1.0f / cuda::warp_sum(sum);

@@ -27,13 +27,14 @@
 using namespace qflash;
 using namespace qflash::kernels;
 namespace mma = qflash::kernels::attention_cuda::mma;
+namespace tf32 = qflash::kernels::tf32;
 
 namespace {
 
 using ref::GatheredKv;
 using test::Acc;
 using test::all_close;
-using test::emulate_mma_tf32;
+using test::emulate_mma_3xtf32;
 using test::Floats2;
 using test::Floats4;
 using test::Tolerance;
@@ -45,25 +46,6 @@ constexpr std::array<KvFormat, 5> kFormats{KvFormat::kF32, KvFormat::kBf16, KvFo
 
 using Lanes4 = std::array<Floats4, 32>;
 using Lanes2 = std::array<Floats2, 32>;
-
-/// c += a b as mma_3xtf32 does: the operands split, small products first.
-void mma_3xtf32(std::array<Acc, 32>& c, Lanes4 const& a, Lanes2 const& b, bool b_exact) {
-  Lanes4 a_big{}, a_small{};
-  Lanes2 b_big{}, b_small{};
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int r = 0; r < 4; ++r) {
-      auto const s = mma::split_tf32(a[lane][r]);
-      a_big[lane][r] = s.big, a_small[lane][r] = s.small;
-    }
-    for (int r = 0; r < 2; ++r) {
-      auto const s = mma::split_tf32(b[lane][r]);
-      b_big[lane][r] = s.big, b_small[lane][r] = s.small;
-    }
-  }
-  emulate_mma_tf32(c, a_small, b_big);
-  if (!b_exact) emulate_mma_tf32(c, a_big, b_small);
-  emulate_mma_tf32(c, a_big, b_big);
-}
 
 /// The 4 lanes of each row (4g .. 4g + 3) combined as two xor shuffles (1, then 2) do.
 template <class Op>
@@ -137,7 +119,7 @@ std::vector<float> tiled_attention(AttentionArgs const& a, GatheredKv const& kv,
                 Lanes2 k{};
                 for (int lane = 0; lane < 32; ++lane)
                   for (int r = 0; r < 2; ++r) k[lane][r] = sk[at(mma::k_offset(lane, r, nt, ks, ld))];
-                mma_3xtf32(s[at(nt)], q, k, k_exact);
+                emulate_mma_3xtf32(s[at(nt)], q, k, k_exact);
               }
             }
             // Softmax.
@@ -185,7 +167,7 @@ std::vector<float> tiled_attention(AttentionArgs const& a, GatheredKv const& kv,
                   for (int r = 0; r < 2; ++r) v[lane][r] = sv[at(mma::v_offset(lane, r, kt, nt, ld))];
                 std::array<Acc, 32> o;
                 for (int lane = 0; lane < 32; ++lane) o[at(lane)] = w.o[at(lane)][at(nt)];
-                mma_3xtf32(o, p, v, v_exact);
+                emulate_mma_3xtf32(o, p, v, v_exact);
                 for (int lane = 0; lane < 32; ++lane) w.o[at(lane)][at(nt)] = o[at(lane)];
               }
             }
@@ -258,8 +240,8 @@ void check(test::AttentionProblem const& p, std::int64_t splits, std::vector<kv:
   GatheredKv const decoded = ref::gather_kv(cache.view(), p.n_ctx);
   for (std::size_t i = 0; i < decoded.k.size(); ++i) {  // what lets the kernel skip a bf16 head's small parts
     int const h = static_cast<int>(i / static_cast<std::size_t>(p.d)) % p.n_kv;
-    if (heads[static_cast<std::size_t>(h)].k == KvFormat::kBf16) REQUIRE(mma::split_tf32(decoded.k[i]).small == 0.0f);
-    if (heads[static_cast<std::size_t>(h)].v == KvFormat::kBf16) REQUIRE(mma::split_tf32(decoded.v[i]).small == 0.0f);
+    if (heads[static_cast<std::size_t>(h)].k == KvFormat::kBf16) REQUIRE(tf32::split_tf32(decoded.k[i]).small == 0.0f);
+    if (heads[static_cast<std::size_t>(h)].v == KvFormat::kBf16) REQUIRE(tf32::split_tf32(decoded.v[i]).small == 0.0f);
   }
 
   std::vector<float> want(q.size());
@@ -283,22 +265,22 @@ std::vector<kv::KvFormats> mixed(int n_kv, std::size_t shift) {
 
 }  // namespace
 
-TEST_CASE("attention mma: tf32 rounding and the two-part split") {
-  CHECK(mma::tf32_round(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f);  // a tie: away from zero
-  CHECK(mma::tf32_round(-(1.0f + 0x1p-11f)) == -(1.0f + 0x1p-10f));
-  CHECK(mma::tf32_round(1.0f + 0x1p-11f - 0x1p-23f) == 1.0f);
-  CHECK(mma::tf32_round(1.0f + 0x1p-10f + 0x1p-11f) == 1.0f + 0x1p-9f);  // a tie from an odd tf32
-  CHECK(std::isinf(mma::tf32_round(INFINITY)));
-  CHECK(std::isnan(mma::tf32_round(std::numeric_limits<float>::quiet_NaN())));
+TEST_CASE("tf32: rounding to nearest and the two-part split (common/tf32.hpp)") {
+  CHECK(tf32::tf32_round(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f);  // a tie: away from zero
+  CHECK(tf32::tf32_round(-(1.0f + 0x1p-11f)) == -(1.0f + 0x1p-10f));
+  CHECK(tf32::tf32_round(1.0f + 0x1p-11f - 0x1p-23f) == 1.0f);
+  CHECK(tf32::tf32_round(1.0f + 0x1p-10f + 0x1p-11f) == 1.0f + 0x1p-9f);  // a tie from an odd tf32
+  CHECK(std::isinf(tf32::tf32_round(INFINITY)));
+  CHECK(std::isnan(tf32::tf32_round(std::numeric_limits<float>::quiet_NaN())));
   // A NaN whose payload is only in the 13 bits tf32 drops stays a NaN in the other 19.
-  float const quieted = mma::tf32_round(detail::float_of(0x7F800001u));
+  float const quieted = tf32::tf32_round(detail::float_of(0x7F800001u));
   CHECK(std::isnan(quieted));
   CHECK((detail::bits_of(quieted) & 0x1FFFu) == 0u);
   auto xs = test::random_floats(4096, 5, -1000, 1000);
   for (float x : {0.0f, -0.0f, 1e-40f, 3.4e38f, -std::numeric_limits<float>::max()}) xs.push_back(x);
   for (float x : xs) {
     CAPTURE(x);
-    auto const [big, small] = mma::split_tf32(x);
+    auto const [big, small] = tf32::split_tf32(x);
     CHECK((detail::bits_of(big) & 0x1FFFu) == 0u);
     CHECK((detail::bits_of(small) & 0x1FFFu) == 0u);
     // Subnormals: the parts' 10 bits end at 2^-136, so the rest is at most half of that.
@@ -306,7 +288,7 @@ TEST_CASE("attention mma: tf32 rounding and the two-part split") {
   }
   // Inf and NaN keep their value in the big part.
   for (float x : {INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN()}) {
-    auto const [big, small] = mma::split_tf32(x);
+    auto const [big, small] = tf32::split_tf32(x);
     CHECK((std::isnan(x) ? std::isnan(big) : big == x));
     CHECK(small == 0.0f);
   }

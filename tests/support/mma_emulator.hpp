@@ -1,11 +1,13 @@
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 and m16n8k8 ...tf32.tf32.f32 run on the
 // host over a warp's registers, for tests of the CUDA tensor-core tiles
-// (kernels/linear/mma_tile.hpp, mma_blocks.hpp; kernels/attention/mma_tile.hpp).
+// (kernels/linear/mma_tile.hpp, mma_blocks.hpp; kernels/attention/mma_tile.hpp;
+// kernels/gated_delta/mma_tile.hpp).
 #pragma once
 
 #include <array>
 #include <cstdint>
 
+#include "qflash/kernels/common/tf32.hpp"
 #include "qflash/numeric/bf16.hpp"
 
 namespace qflash::test {
@@ -72,6 +74,27 @@ inline void emulate_mma_tf32(std::array<Acc, 32>& c, std::array<Floats4, 32> con
       c[lane][r] = s;
     }
   }
+}
+
+/// c += a b as tf32::mma_3x does: each operand split into its tf32 parts, small products
+/// first; b_exact: b's small parts are zero and skipped.
+inline void emulate_mma_3xtf32(std::array<Acc, 32>& c, std::array<Floats4, 32> const& a,
+                               std::array<Floats2, 32> const& b, bool b_exact = false) {
+  std::array<Floats4, 32> a_big{}, a_small{};
+  std::array<Floats2, 32> b_big{}, b_small{};
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int r = 0; r < 4; ++r) {
+      auto const s = kernels::tf32::split_tf32(a[lane][r]);
+      a_big[lane][r] = s.big, a_small[lane][r] = s.small;
+    }
+    for (int r = 0; r < 2; ++r) {
+      auto const s = kernels::tf32::split_tf32(b[lane][r]);
+      b_big[lane][r] = s.big, b_small[lane][r] = s.small;
+    }
+  }
+  emulate_mma_tf32(c, a_small, b_big);
+  if (!b_exact) emulate_mma_tf32(c, a_big, b_small);
+  emulate_mma_tf32(c, a_big, b_big);
 }
 
 }  // namespace qflash::test

@@ -20,37 +20,12 @@
 
 #include "qflash/kernels/attention/device.cuh"
 #include "qflash/kernels/attention/mma_tile.hpp"
+#include "qflash/kernels/common/mma_tf32.cuh"
 
 namespace qflash::kernels::attention_cuda::mma {
 
-/// c += a b for one m16n8k8 tile of tf32 operands (fp32 registers whose low 13 bits are zero).
-__device__ __forceinline__ void mma_tf32(float (&c)[4], float const (&a)[4], float const (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
-        "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
-}
-
-/// c += a b to about fp32's precision from the operands' tf32 parts (small products first);
-/// b_exact: b's small parts are zero.
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], float const (&a_big)[4], float const (&a_small)[4],
-                                           float const (&b_big)[2], float const (&b_small)[2], bool b_exact) {
-  mma_tf32(c, a_small, b_big);
-  if (!b_exact) mma_tf32(c, a_big, b_small);
-  mma_tf32(c, a_big, b_big);
-}
-
-template <int N>
-__device__ __forceinline__ void split(float const (&x)[N], float (&big)[N], float (&small)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    Tf32Pair const s = split_tf32(x[i]);
-    big[i] = s.big;
-    small[i] = s.small;
-  }
-}
+using tf32::mma_3x;
+using tf32::split;
 
 /// One warp's rows: output accumulators (n-tile nt holds dimensions [8 nt, 8 nt + 8)), and
 /// for the lane's two rows (g and g + 8) the running max and the lane's part of the sum.
@@ -87,7 +62,7 @@ __device__ __forceinline__ void score_tile(float const* sq, float const* sk, int
 #pragma unroll
       for (int r = 0; r < 2; ++r) k[r] = sk[k_offset(lane, r, nt, ks, ld)];
       split(k, k_big, k_small);
-      mma_3xtf32(s[nt], q_big, q_small, k_big, k_small, k_exact);
+      mma_3x(s[nt], q_big, q_small, k_big, k_small, k_exact);
     }
   }
 }
@@ -151,7 +126,7 @@ __device__ __forceinline__ void weigh_values(Scores<kD> const& s, float const* s
 #pragma unroll
       for (int r = 0; r < 2; ++r) v[r] = sv[v_offset(lane, r, kt, nt, ld)];
       split(v, v_big, v_small);
-      mma_3xtf32(w.o[nt], p_big, p_small, v_big, v_small, v_exact);
+      mma_3x(w.o[nt], p_big, p_small, v_big, v_small, v_exact);
     }
   }
 }

@@ -5,9 +5,10 @@
 /// The path computes scores S = Q K^T and outputs O = P V with
 /// `mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32`. Queries, keys, values and the softmax weights
 /// are fp32; each operand is split into two tf32 parts, big + small, and each product is
-/// summed as big*big + big*small + small*big (3xTF32): a product's error is about 2^-21 of
-/// |a| |b|, not bf16's 2^-8. A key or value head stored in bf16 is exact in tf32, so its
-/// small part is zero and its products are skipped.
+/// summed as big*big + big*small + small*big (3xTF32, common/tf32.hpp): a product's error is
+/// about 2^-21 of |a| |b|, not bf16's 2^-8. A key or value head stored in bf16 is exact in
+/// tf32, so its small part is zero and its products are skipped. An Inf key or value meets a
+/// weight's or query's zero small part, so such a row is NaN where the CPU gives Inf.
 ///
 /// A CTA (kThreads) owns kRows query rows of one KV head (a row is one token and one query head
 /// of the head's group, as in device.cuh), warp w rows [16 w, 16 w + 16), and walks the keys
@@ -22,7 +23,7 @@
 #include <cstdint>
 
 #include "qflash/core/config.hpp"
-#include "qflash/numeric/minifloat.hpp"
+#include "qflash/kernels/common/tf32.hpp"
 
 namespace qflash::kernels::attention_cuda::mma {
 
@@ -51,46 +52,14 @@ QFLASH_HD constexpr int smem_floats(int kD, int d) {
   return (kRows + 2 * keys_per_tile(kD)) * row_stride(d);
 }
 
-/// x rounded to tf32 (10 mantissa bits), to nearest with ties away from zero, as
-/// cvt.rna.tf32.f32 rounds finite values; Inf unchanged, NaN quieted (a NaN in the 19 bits the
-/// tensor cores read).
-QFLASH_HD constexpr float tf32_round(float x) {
-  std::uint32_t const u = qflash::detail::bits_of(x);
-  if ((u & 0x7F800000u) == 0x7F800000u)
-    return qflash::detail::float_of(u & 0x007FFFFFu ? (u | 0x00400000u) & 0xFFFFE000u : u);
-  return qflash::detail::float_of((u + 0x1000u) & 0xFFFFE000u);
-}
-
-/// x as big + small, both tf32: big the tf32 nearest x (toward zero where the nearest is past
-/// the largest float), small the tf32 nearest x - big (which fp32 holds exactly), so
-/// |x - big - small| <= 2^-22 |x| (or 2^-137 for subnormal x). Inf and NaN: big = x (NaN
-/// quieted), small = 0. An Inf still meets the other operand's small part, which is 0 where
-/// that operand is a tf32 value (a weight of exactly 1, a bf16 key): 0 x Inf makes such a row
-/// NaN where the CPU gives Inf (only non-finite cached keys or values do this).
-struct Tf32Pair {
-  float big, small;
-};
-QFLASH_HD constexpr Tf32Pair split_tf32(float x) {
-  constexpr std::uint32_t kExponent = 0x7F800000u;
-  std::uint32_t const u = qflash::detail::bits_of(x);
-  if ((u & kExponent) == kExponent) return {tf32_round(x), 0.0f};
-  float big = tf32_round(x);
-  if ((qflash::detail::bits_of(big) & kExponent) == kExponent) big = qflash::detail::float_of(u & 0xFFFFE000u);
-  return {big, tf32_round(x - big)};
-}
-
-/// A lane's place in its fragments: group g = lane / 4 and t = lane % 4.
-QFLASH_HD constexpr int group_of(int lane) { return lane / 4; }
-QFLASH_HD constexpr int pair_of(int lane) { return lane % 4; }
-
-/// Register r (0-3) of a lane's A fragment (16 x 8, row-major): row g, + 8 for odd r; column
-/// t, + 4 for r >= 2.
-QFLASH_HD constexpr int a_row(int lane, int r) { return group_of(lane) + 8 * (r % 2); }
-QFLASH_HD constexpr int a_col(int lane, int r) { return pair_of(lane) + 4 * (r / 2); }
-
-/// Accumulator r (0-3) of a lane's C fragment (16 x 8): row g, + 8 for r >= 2; column 2t + r % 2.
-QFLASH_HD constexpr int c_row(int lane, int r) { return group_of(lane) + 8 * (r / 2); }
-QFLASH_HD constexpr int c_col(int lane, int r) { return 2 * pair_of(lane) + r % 2; }
+using tf32::a_col;
+using tf32::a_row;
+using tf32::c_col;
+using tf32::c_row;
+using tf32::group_of;
+using tf32::pair_of;
+using tf32::split_tf32;
+using tf32::Tf32Pair;
 
 /// Offset in floats from the CTA's queries of register r of warp w's A fragment of Q for
 /// dimensions [8 ks, 8 ks + 8).

@@ -1,5 +1,6 @@
 /// @file
-/// The gated delta rule on CUDA, shared by sm80.cuh and sm90a.cuh, in fp32 on CUDA cores.
+/// The gated delta rule on CUDA, shared by sm80.cuh and sm90a.cuh, in fp32 (the chunked state
+/// pass on tensor cores, 3xTF32).
 ///
 /// kRecurrent, and calls of up to kMinChunkedTokens tokens: the per-token recurrence. A CTA
 /// owns 32 state columns (value dims) of one value head and keeps them in registers for the
@@ -14,8 +15,9 @@
 ///     of per-token decays, A and Q Kᵀ ⊙ Γ, then W = A⁻¹ diag(β e^γ) K and U = A⁻¹ diag(β) V by
 ///     forward substitution (a thread per column), into the workspace with e^γ q̂ and
 ///     e^{γ_last − γ} k̂;
-///  2. state_kernel, the recurrence's CTAs (state columns in registers) stepping through the
-///     group's chunks: V' = U − W S, O = (e^γ q̂) S + (Q Kᵀ ⊙ Γ) V', S ← e^{γ_last} S + kdᵀ V'.
+///  2. state_kernel, a CTA per 32 state columns of a value head (S in shared memory) stepping
+///     through the group's chunks on tensor cores (mma_tile.hpp): V' = U − W S,
+///     O = (e^γ q̂) S + (Q Kᵀ ⊙ Γ) V', S ← e^{γ_last} S + kdᵀ V'.
 /// Chunks hold min(chunk_size, 64) tokens, halved while a chunk's q̂ and k̂ would not fit in
 /// 99 KiB of shared memory; the result equals the CPU's up to fp32 rounding for any chunk length.
 #pragma once
@@ -26,12 +28,13 @@
 #include <cstdint>
 
 #include "qflash/kernels/common/cuda.cuh"
+#include "qflash/kernels/common/mma_tf32.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
+#include "qflash/kernels/gated_delta/mma_tile.hpp"
 #include "qflash/kernels/gated_delta/op.hpp"
 
 namespace qflash::kernels::gated_delta_cuda {
 
-inline constexpr int kCols = 32;       ///< state columns per CTA
 inline constexpr int kRows = 32;       ///< state rows per warp
 inline constexpr int kMaxWarps = 8;    ///< d_k up to 256
 
@@ -162,27 +165,10 @@ __global__ void __launch_bounds__(32 * kMaxWarps) recurrent_kernel(Params const 
 
 // ---- kChunked ---------------------------------------------------------------------------
 
-inline constexpr int kMaxChunk = 64;               ///< tokens per chunk on the device, at most
 inline constexpr int kMinChunkedTokens = 16;       ///< shorter calls run the recurrence
 inline constexpr std::int64_t kGroupBytes = std::int64_t{32} << 20;  ///< workspace of a pair of launches, at most
 inline constexpr int kChunkThreads = 256;
 inline constexpr std::size_t kMaxChunkSmem = 99 * 1024;  ///< what sm_86 and sm_89 opt in to per block
-
-/// One chunk's and value head's piece of the workspace, for chunks of up to c tokens: W, e^γ q̂
-/// and e^{γ_last − γ} k̂ [c, d_k], U [c, d_v], Q Kᵀ ⊙ Γ [c, c] (rows and columns up to the
-/// chunk's length; zero above the diagonal), e^{γ_last}.
-struct ChunkLayout {
-  int c, dk, dv;
-  [[nodiscard]] __host__ __device__ std::int64_t floats() const {
-    return (std::int64_t{c} * (3 * dk + dv + c) + 1 + 3) / 4 * 4;
-  }
-  [[nodiscard]] __host__ __device__ float* w(float* base) const { return base; }
-  [[nodiscard]] __host__ __device__ float* qg(float* base) const { return base + std::int64_t{c} * dk; }
-  [[nodiscard]] __host__ __device__ float* kd(float* base) const { return base + 2 * std::int64_t{c} * dk; }
-  [[nodiscard]] __host__ __device__ float* u(float* base) const { return base + 3 * std::int64_t{c} * dk; }
-  [[nodiscard]] __host__ __device__ float* qk(float* base) const { return u(base) + std::int64_t{c} * dv; }
-  [[nodiscard]] __host__ __device__ float* last(float* base) const { return qk(base) + c * c; }
-};
 
 /// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (d_k + 1 apart, so a
 /// warp reading one column of several rows hits distinct banks), A, and per token e^g, e^γ, β
@@ -190,12 +176,6 @@ struct ChunkLayout {
 __host__ __device__ constexpr std::size_t chunk_smem(int c, int dk) {
   return (2 * static_cast<std::size_t>(c) * (dk + 1) + static_cast<std::size_t>(c) * c + 4 * static_cast<std::size_t>(c)) *
          sizeof(float);
-}
-
-/// Shared memory of state_kernel for a block of `warps` warps and chunks of c tokens: the warps'
-/// partial sums [warps][c][kCols] and V' [c][kCols].
-__host__ __device__ constexpr std::size_t state_smem(int warps, int c) {
-  return static_cast<std::size_t>(warps + 1) * c * kCols * sizeof(float);
 }
 
 struct ChunkParams {
@@ -285,80 +265,149 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
   }
 }
 
-/// Grid: x column blocks of kCols, y value heads; block 32 * ceil(d_k / 32). Shared: state_smem.
+/// acc += a V'[8 kt, 8 kt + 8) over the CTA's columns: a is the lane's A fragment (16 rows x
+/// 8 tokens), V' in shared memory (mma_tile.hpp).
+__device__ __forceinline__ void add_times_vp(float (&acc)[mma::kNTiles][4], float const (&a)[4], float const* vp,
+                                             int kt, int lane) {
+  float a_big[4], a_small[4];
+  tf32::split(a, a_big, a_small);
+#pragma unroll
+  for (int nt = 0; nt < mma::kNTiles; ++nt) {
+    float b[2], b_big[2], b_small[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) b[r] = vp[mma::b_offset(lane, r, kt, nt)];
+    tf32::split(b, b_big, b_small);
+    tf32::mma_3x(acc[nt], a_big, a_small, b_big, b_small);
+  }
+}
+
+/// Grid: x column blocks of kCols, y value heads; block mma::kThreads. Shared: mma::smem_floats(d_k).
 template <class Arch>
-__global__ void __launch_bounds__(32 * kMaxWarps) state_kernel(ChunkParams const cp) {
+__global__ void __launch_bounds__(mma::kThreads) state_kernel(ChunkParams const cp) {
+  using namespace mma;
+  using tf32::mma_3x;
+  using tf32::split;
   extern __shared__ float smem[];
   GatedDeltaArgs const& a = cp.p.a;
-  int const dk = a.d_k, dv = a.d_v, c = cp.l.c;
-  int const warps = static_cast<int>(blockDim.x / 32);
+  int const dk = a.d_k, dv = a.d_v, c = cp.l.c, rows = state_rows(dk), k_steps = (dk + 7) / 8;
   int const warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   int const h = static_cast<int>(blockIdx.y);
-  int const col = static_cast<int>(blockIdx.x) * kCols + lane;
-  bool const has_col = col < dv;
-  float* const part = smem;              // [warps][c][kCols]
-  float* const vp = part + warps * c * kCols;  // [c][kCols]
-
+  int const col0 = static_cast<int>(blockIdx.x) * kCols;
+  float* const ss = smem;             // S [rows][kLd]
+  float* const vp = ss + rows * kLd;  // V' [kMaxChunk][kLd]
   float* const state = a.state + static_cast<std::int64_t>(h) * dk * dv;
-  float s[kRows];
-  load_columns(state, dk, dv, warp, col, s);
-  // The warp's share of m [n, d_k] S for each of the chunk's rows, into part.
-  auto partial = [&](float const* m, int n) {
-    for (int i = 0; i < n; ++i) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        int const row = warp * kRows + r;
-        if (row < dk) acc = fmaf(m[static_cast<std::int64_t>(i) * dk + row], s[r], acc);
-      }
-      part[(warp * c + i) * kCols + lane] = acc;
-    }
-  };
-  auto summed = [&](int i) {
-    float sum = 0.0f;
-    for (int w2 = 0; w2 < warps; ++w2) sum += part[(w2 * c + i) * kCols + lane];
-    return sum;
-  };
+  for (int e = static_cast<int>(threadIdx.x); e < rows * kCols; e += kThreads) {
+    int const i = e / kCols, j = e % kCols;
+    ss[i * kLd + j] = i < dk && col0 + j < dv ? state[static_cast<std::int64_t>(i) * dv + col0 + j] : 0.0f;
+  }
+  __syncthreads();
+
   std::int64_t const n_chunks = (cp.n + c - 1) / c;
   for (std::int64_t ci = 0; ci < n_chunks; ++ci) {
     std::int64_t const t0 = cp.t0 + ci * c;
     int const n = static_cast<int>(min(static_cast<std::int64_t>(c), cp.t0 + cp.n - t0));
     float* const base = cp.work + (ci * a.n_head_v + h) * cp.l.floats();
+    float const* const w = cp.l.w(base);
+    float const* const qg = cp.l.qg(base);
+    float const* const kd = cp.l.kd(base);
     float const* const u = cp.l.u(base);
     float const* const qk = cp.l.qk(base);
-    float const* const kd = cp.l.kd(base);
-    // V' = U − W S, with the state as it was before this chunk.
-    partial(cp.l.w(base), n);
-    __syncthreads();
-    for (int i = warp; i < n; i += warps)
-      vp[i * kCols + lane] = (has_col ? u[static_cast<std::int64_t>(i) * dv + col] : 0.0f) - summed(i);
-    __syncthreads();
-    // O_i = e^{γ_i} q̂_iᵀ S + Σ_{j≤i} (Q Kᵀ ⊙ Γ)_ij V'_j.
-    partial(cp.l.qg(base), n);
-    __syncthreads();
-    for (int i = warp; i < n; i += warps) {
-      float o = summed(i);
-      for (int j = 0; j <= i; ++j) o = fmaf(qk[i * c + j], vp[j * kCols + lane], o);
-      if (has_col) a.out[((t0 + i) * a.n_head_v + h) * static_cast<std::int64_t>(dv) + col] = o;
-    }
-    // S ← e^{γ_last} S + Σ_j e^{γ_last − γ_j} k̂_j V'_jᵀ.
-    float const last = *cp.l.last(base);
+    int const r0 = 16 * warp;
+    bool const has_tokens = r0 < n;
+    float o[kNTiles][4] = {};
+    // 1. W S and e^γ q̂ S, with the state as it was before this chunk; V' = U − W S.
+    if (has_tokens) {
+      float ws[kNTiles][4] = {};
+      for (int ks = 0; ks < k_steps; ++ks) {
+        float b_big[kNTiles][2], b_small[kNTiles][2];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      int const row = warp * kRows + r;
-      if (row >= dk) continue;
-      float v = s[r] * last;
-      for (int j = 0; j < n; ++j) v = fmaf(kd[static_cast<std::int64_t>(j) * dk + row], vp[j * kCols + lane], v);
-      s[r] = v;
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          float b[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) b[r] = ss[b_offset(lane, r, ks, nt)];
+          split(b, b_big[nt], b_small[nt]);
+        }
+        float aw[4], aq[4], aw_big[4], aw_small[4], aq_big[4], aq_small[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          int const i = r0 + a_row(lane, r), d = 8 * ks + a_col(lane, r);
+          bool const in = i < n && d < dk;
+          aw[r] = in ? w[i * dk + d] : 0.0f;
+          aq[r] = in ? qg[i * dk + d] : 0.0f;
+        }
+        split(aw, aw_big, aw_small);
+        split(aq, aq_big, aq_small);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          mma_3x(ws[nt], aw_big, aw_small, b_big[nt], b_small[nt]);
+          mma_3x(o[nt], aq_big, aq_small, b_big[nt], b_small[nt]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          int const i = r0 + c_row(lane, r), col = col0 + 8 * nt + c_col(lane, r);
+          float const ui = i < n && col < dv ? u[static_cast<std::int64_t>(i) * dv + col] : 0.0f;
+          vp[c_offset(lane, r, warp, nt)] = i < n ? ui - ws[nt][r] : 0.0f;
+        }
     }
-    __syncthreads();  // part and vp are next written for the next chunk
+    __syncthreads();
+    // 2. O += (Q Kᵀ ⊙ Γ) V', over the tokens up to the warp's last.
+    if (has_tokens) {
+      int const kt_end = (min(n, r0 + 16) + 7) / 8;
+      for (int kt = 0; kt < kt_end; ++kt) {
+        float aqk[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          int const i = r0 + a_row(lane, r), j = 8 * kt + a_col(lane, r);
+          aqk[r] = i < n && j < n ? qk[i * c + j] : 0.0f;
+        }
+        add_times_vp(o, aqk, vp, kt, lane);
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          int const i = r0 + c_row(lane, r), col = col0 + 8 * nt + c_col(lane, r);
+          if (i < n && col < dv) a.out[((t0 + i) * a.n_head_v + h) * static_cast<std::int64_t>(dv) + col] = o[nt][r];
+        }
+    }
+    // 3. S ← e^{γ_last} S + kdᵀ V'.
+    float const last = *cp.l.last(base);
+    int const kt_end = (n + 7) / 8;
+    for (int mt = warp; mt < rows / 16; mt += kWarps) {
+      float acc[kNTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[nt][r] = last * ss[c_offset(lane, r, mt, nt)];
+      for (int kt = 0; kt < kt_end; ++kt) {
+        float akd[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          int const d = 16 * mt + a_row(lane, r), j = 8 * kt + a_col(lane, r);
+          akd[r] = d < dk && j < n ? kd[j * dk + d] : 0.0f;
+        }
+        add_times_vp(acc, akd, vp, kt, lane);
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if (16 * mt + c_row(lane, r) < dk) ss[c_offset(lane, r, mt, nt)] = acc[nt][r];
+    }
+    __syncthreads();  // S is whole again, and V' is next written for the next chunk
   }
-  store_columns(s, dk, dv, warp, col, state);
+  for (int e = static_cast<int>(threadIdx.x); e < dk * kCols; e += kThreads) {
+    int const i = e / kCols, j = e % kCols;
+    if (col0 + j < dv) state[static_cast<std::int64_t>(i) * dv + col0 + j] = ss[i * kLd + j];
+  }
 }
 
 /// The chunked form over every group of `p.a`'s tokens.
 template <class Arch>
-Status launch_chunked(Params const& p, int warps, cudaStream_t stream) {
+Status launch_chunked(Params const& p, cudaStream_t stream) {
   GatedDeltaArgs const& a = p.a;
   int c = std::min(a.chunk_size, kMaxChunk);
   while (c > 1 && chunk_smem(c, a.d_k) > kMaxChunkSmem) c /= 2;
@@ -369,9 +418,11 @@ Status launch_chunked(Params const& p, int warps, cudaStream_t stream) {
   auto* const work = static_cast<float*>(
       cuda::stream_workspace(stream, static_cast<std::size_t>(group_chunks * a.n_head_v * l.floats()) * sizeof(float)));
   if (!work) return Status::kErrorCuda;
-  std::size_t const smem1 = chunk_smem(c, a.d_k), smem2 = state_smem(warps, c);
+  std::size_t const smem1 = chunk_smem(c, a.d_k);
+  auto const smem2 = static_cast<std::size_t>(mma::smem_floats(a.d_k)) * sizeof(float);
   if (Status s = cuda::allow_dynamic_smem(chunk_kernel<Arch>, kMaxChunkSmem); s != Status::kSuccess) return s;
-  if (Status s = cuda::allow_dynamic_smem(state_kernel<Arch>, state_smem(kMaxWarps, kMaxChunk));
+  if (Status s = cuda::allow_dynamic_smem(
+          state_kernel<Arch>, static_cast<std::size_t>(mma::smem_floats(kRows * kMaxWarps)) * sizeof(float));
       s != Status::kSuccess)
     return s;
   for (std::int64_t t0 = 0; t0 < a.n_tokens; t0 += group) {
@@ -380,7 +431,7 @@ Status launch_chunked(Params const& p, int warps, cudaStream_t stream) {
     chunk_kernel<Arch><<<chunks, kChunkThreads, smem1, stream>>>(cp);
     if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
     dim3 const columns(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v));
-    state_kernel<Arch><<<columns, 32 * warps, smem2, stream>>>(cp);
+    state_kernel<Arch><<<columns, mma::kThreads, smem2, stream>>>(cp);
     if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
   }
   return Status::kSuccess;
@@ -399,7 +450,7 @@ Status launch(GatedDeltaArgs const& a, stream_t stream) {
   p.vs = a.v_stride_or_default();
   p.q_scale = a.q_scale();
   if (a.form == DeltaRuleForm::kChunked && a.n_tokens > kMinChunkedTokens)
-    return launch_chunked<Arch>(p, warps, static_cast<cudaStream_t>(stream));
+    return launch_chunked<Arch>(p, static_cast<cudaStream_t>(stream));
   std::size_t const smem = static_cast<std::size_t>(Columns::floats(a.d_k, warps)) * sizeof(float);
   dim3 const grid(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v));
   recurrent_kernel<Arch><<<grid, 32 * warps, smem, stream>>>(p);

@@ -87,8 +87,8 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
       ->capture_default_str();
   cmd->add_option("--kv-cache-memory", o.kv_cache_memory,
                   "bytes for the KV cache and state snapshots, e.g. 2GiB (default: enough for --max-num-seqs full "
-                  "contexts, at most 1 GiB on the CPU, and on a GPU at most what --gpu-memory-utilization's default "
-                  "leaves)");
+                  "contexts, and a third more for Gated DeltaNet state snapshots (a quarter of the whole), at most "
+                  "1 GiB on the CPU, and on a GPU at most what --gpu-memory-utilization's default leaves)");
   cmd->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
                   "with --device cuda: the share of the GPU's memory to fill, weights included; the KV cache takes "
                   "what is left (default: " +

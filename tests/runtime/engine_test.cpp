@@ -80,10 +80,14 @@ TEST_CASE("engine: a request streams generate()'s greedy tokens and text") {
 }
 
 TEST_CASE("engine: the KV budget on the host; a GPU memory share is refused there") {
-  // The default: max_num_seqs full contexts (f32 KV, 32 KiB a block of 16 tokens), at most 1 GiB.
+  // The default: max_num_seqs full contexts (f32 KV, 32 KiB a block of 16 tokens) beside the
+  // DeltaNet snapshots' quarter, at most 1 GiB.
   EngineOptions o;
   o.max_num_seqs = 2;
+  CHECK(start(o)->info().kv_cache_bytes == (2 * (1024 / 16) * 32768 * 4 + 2) / 3);
+  o.prefix.enabled = false;  // no snapshots
   CHECK(start(o)->info().kv_cache_bytes == 2 * (1024 / 16) * 32768);
+  o.prefix.enabled = true;
   o.kv_cache_bytes = 12345678;
   CHECK(start(o)->info().kv_cache_bytes == 12345678);
   o.kv_cache_bytes = 0;
@@ -133,6 +137,20 @@ TEST_CASE("engine: a KV pool too small for all still completes every request wit
     }
     CHECK(metric(*e, "qflash:num_preemptions_total") > 0);
   }
+}
+
+TEST_CASE("engine: by default one sequence reaches max_context beside the snapshots' share") {
+  EngineOptions o;
+  o.max_num_seqs = 1;
+  o.max_context = 128;
+  auto e = start(o);
+  auto const ids = encode(kPrompts[0]);
+  auto r = greedy(ids, 128 - static_cast<int>(ids.size()));
+  r.ignore_eos = true;
+  Result const got = collect(*e->submit(std::move(r)));
+  REQUIRE_FALSE(got.error);
+  CHECK(got.finish[0] == FinishReason::kLength);
+  CHECK(ids.size() + got.tokens[0].size() == 128);
 }
 
 TEST_CASE("engine: a sequence that outgrows the whole pool ends with finish 'length'") {

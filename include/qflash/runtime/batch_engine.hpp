@@ -112,11 +112,15 @@ class BatchEngine final : public Engine {
                           [](model::LayerKind k) { return k == model::LayerKind::kLinearAttention; });
     std::int64_t const per_block = std::max<std::int64_t>(1, layout.block_bytes());
     std::int64_t const blocks_per_seq = (max_context_ + layout.block_tokens() - 1) / layout.block_tokens();
-    std::int64_t const budget = kv_budget(opts_.max_num_seqs * blocks_per_seq * per_block);
+    // Hybrid models keep a share of the budget for DeltaNet state snapshots; the default budget
+    // holds max_num_seqs full contexts besides that share, so one sequence reaches max_context.
+    double const snapshot_share = hybrid_ && opts_.prefix.enabled ? opts_.prefix.snapshot_share : 0.0;
+    QFLASH_CHECK(snapshot_share >= 0.0 && snapshot_share < 1.0, "snapshot_share must be in [0, 1), got ",
+                 snapshot_share);
+    double const full_contexts = static_cast<double>(opts_.max_num_seqs * blocks_per_seq * per_block);
+    std::int64_t const budget = kv_budget(static_cast<std::int64_t>(std::ceil(full_contexts / (1.0 - snapshot_share))));
     info_.kv_cache_bytes = budget;
-    std::int64_t const snapshot_bytes =
-        hybrid_ && opts_.prefix.enabled ? static_cast<std::int64_t>(static_cast<double>(budget) * opts_.prefix.snapshot_share)
-                                        : 0;
+    auto const snapshot_bytes = static_cast<std::int64_t>(static_cast<double>(budget) * snapshot_share);
     std::int64_t const blocks = (budget - snapshot_bytes) / per_block;
     QFLASH_CHECK(blocks >= 1, "the KV cache budget of ", budget, " bytes holds no block of ", per_block,
                  " bytes; give it more memory");
@@ -316,10 +320,10 @@ class BatchEngine final : public Engine {
 
   // ---- memory ---------------------------------------------------------------------------
 
-  /// Bytes for the KV pool and state snapshots: kv_cache_bytes when given; else what
-  /// `full_contexts` (max_num_seqs full contexts) take, at most 1 GiB on the host, and on a
-  /// device at most what its memory utilization leaves (all of that when gpu_memory_utilization
-  /// is given).
+  /// Bytes for the KV pool and state snapshots: kv_cache_bytes when given; else
+  /// `full_contexts` (max_num_seqs full contexts and the snapshots' share), at most 1 GiB on the
+  /// host, and on a device at most what its memory utilization leaves (all of that when
+  /// gpu_memory_utilization is given).
   std::int64_t kv_budget(std::int64_t full_contexts) {
     double const util = opts_.gpu_memory_utilization;
     std::optional<Memory::DeviceUse> const use = model_->memory()->device_use();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "qflash/core/error.hpp"
+#include "qflash/io/detail/utf8.hpp"
 
 namespace qflash::cli {
 
@@ -138,12 +139,25 @@ inline std::string unescape(std::string_view text, std::string_view flag) {
   return out;
 }
 
-/// The whole of a file ("-": standard input), for -f and -p -.
+/// Throws UsageError unless `text` (from `what`: a flag, or a flag and its file) is UTF-8.
+inline void require_utf8(std::string_view text, std::string const& what) {
+  if (std::size_t const bad = io::detail::utf8_find_invalid(text); bad != std::string_view::npos)
+    throw UsageError(what + " is not valid UTF-8 (byte " + std::to_string(bad) + " of " + std::to_string(text.size()) +
+                     ")");
+}
+
+/// The whole of a UTF-8 text file ("-": standard input), for -f, -p - and --text.
 inline std::string read_text(std::string const& path, std::string_view flag) {
-  if (path == "-") return {std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw UsageError(std::string(flag) + ": cannot open '" + printable(path) + "'");
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw UsageError(std::string(flag) + ": cannot open '" + printable(path) + "'");
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  require_utf8(text, std::string(flag) + (path == "-" ? ": standard input" : ": '" + printable(path) + "'"));
+  return text;
 }
 
 /// Spellings from llama.cpp that CLI11 would misread (`-ngl 99` as `-n gl`) or that mean

@@ -2,7 +2,9 @@
 // streams back. The whole conversation is rendered with the model's chat template each turn and
 // run by the batch engine, whose prefix cache still holds the earlier turns' KV (and, for hybrid
 // models, Gated DeltaNet state snapshots), so a turn computes little more than its new text.
-// Commands: /reset (forget the conversation), /exit (or end of input), /help.
+// Commands: /reset (forget the conversation), /exit (or end of input), /help. When the
+// conversation and an answer would not fit the context, its oldest turns are dropped; a line
+// that cannot be sent (not UTF-8, too long alone) is refused and the conversation goes on.
 #pragma once
 
 #include <unistd.h>
@@ -18,6 +20,7 @@
 
 #include "args.hpp"
 #include "qflash/io/chat_template.hpp"
+#include "qflash/io/detail/utf8.hpp"
 #include "qflash/runtime/engine.hpp"
 #include "qflash/runtime/load_model.hpp"
 
@@ -26,7 +29,18 @@ namespace qflash::cli {
 struct ChatOptions {
   std::string system;     ///< a system message that starts every conversation
   int max_tokens = 512;   ///< per answer
+  int context = 0;        ///< tokens of a sequence at most; 0: the model's
 };
+
+/// Drops the conversation's oldest exchange (its first user message and the answers up to the
+/// next one) after the system message at `first`; false when only the last message is left.
+inline bool drop_oldest_turn(io::ChatInput& chat, std::size_t first) {
+  auto& m = chat.messages;
+  if (m.size() <= first + 1) return false;
+  m.erase(m.begin() + static_cast<std::ptrdiff_t>(first));
+  while (m.size() > first + 1 && m[first].value("role", "") != "user") m.erase(m.begin() + static_cast<std::ptrdiff_t>(first));
+  return true;
+}
 
 /// Runs the conversation on `in` until /exit or its end. `engine` and `chat_template` belong
 /// to the model; sampling as resolved from the flags and generation_config.json.
@@ -60,15 +74,42 @@ inline int run_chat(runtime::Engine& engine, io::ChatTemplate const& chat_templa
       std::fputs("/reset  forget the conversation\n/exit   quit (end of input too)\n", stdout);
       continue;
     }
-    chat.messages.push_back({{"role", "user"}, {"content", line}});
+    if (!io::detail::is_valid_utf8(line)) {
+      std::fputs("qflash chat: the line is not valid UTF-8; it was not sent\n", stderr);
+      continue;
+    }
+    // The conversation as sent: it replaces `chat` once the engine takes it. Room for a whole
+    // answer: its oldest turns go while it and max_tokens would pass the context.
+    io::ChatInput next = chat;
+    next.messages.push_back({{"role", "user"}, {"content", line}});
     runtime::GenerationRequest r;
     r.id = "chat-" + std::to_string(++turn);
-    r.prompt = engine.tokenizer().encode(chat_template.render(chat));
+    r.prompt = engine.tokenizer().encode(chat_template.render(next));
+    std::size_t const first = o.system.empty() ? 0 : 1;
+    int dropped = 0;
+    while (static_cast<std::int64_t>(r.prompt.size()) + o.max_tokens > engine.info().max_context &&
+           drop_oldest_turn(next, first)) {
+      ++dropped;
+      r.prompt = engine.tokenizer().encode(chat_template.render(next));
+    }
     r.max_tokens = o.max_tokens;
     r.sampling = sampling;
     r.sampling.seed = sampling.seed + turn;
     auto const t0 = std::chrono::steady_clock::now();
-    auto stream = engine.submit(std::move(r));
+    std::shared_ptr<runtime::RequestStream> stream;
+    try {
+      stream = engine.submit(std::move(r));
+    } catch (runtime::RequestError const& e) {
+      if (e.kind() != runtime::RequestErrorKind::kInvalid) throw;
+      std::fprintf(stderr, "qflash chat: %s; the message was not sent\n", e.what());
+      continue;
+    }
+    chat = std::move(next);
+    if (dropped == 1)
+      std::fprintf(stderr, "(the oldest turn was dropped to fit the context of %d tokens)\n", engine.info().max_context);
+    else if (dropped > 1)
+      std::fprintf(stderr, "(the %d oldest turns were dropped to fit the context of %d tokens)\n", dropped,
+                   engine.info().max_context);
     std::string answer;
     std::vector<runtime::ChoiceEvent> events;
     for (bool open = true; open;) {

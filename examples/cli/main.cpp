@@ -334,8 +334,10 @@ int cmd_chat(CommonOptions const& o, cli::SamplingOptions const& sampling_flags,
   auto const chat_template = cli::load_chat_template(o.model_dir, tok, cfg);
   QFLASH_CHECK(chat_template, o.model_dir, ": the model has no chat template (chat_template.jinja, tokenizer_config.json's "
                "chat_template or a GGUF file's tokenizer.chat_template); 'qflash run' generates from plain text");
+  if (c.context > 0) check_context("--context", c.context, cfg);
   runtime::EngineOptions eo;
   eo.max_num_seqs = 1;
+  eo.max_context = c.context;
   eo.kv = cli::resolve_kv(o.kv, cfg, o.model_dir);
   eo.routing = parse_routing_option(o.routing);
   apply_threads(o.threads);
@@ -672,6 +674,10 @@ int main(int argc, char** argv) {
   chat->add_option("-n,--max-tokens", chat_opts.max_tokens, "tokens per answer at most")
       ->check(cli::integer_in(1))
       ->capture_default_str();
+  chat->add_option("-c,--context", chat_opts.context,
+                   "tokens the conversation holds at most, answers included (default: the model's); the oldest "
+                   "turns are dropped to keep room for an answer")
+      ->check(cli::integer_in(2));
 
   cli::BudgetOptions budget_opts;
   auto* budget = app.add_subcommand("budget", "plan memory: weights, KV per context, DeltaNet state per sequence, "
@@ -704,6 +710,7 @@ int main(int argc, char** argv) {
     if (*run) {
       if (!prompt_file.empty()) prompt = cli::read_text(prompt_file, "-f/--file");
       else if (prompt == "-") prompt = cli::read_text("-", "-p");
+      else cli::require_utf8(prompt, "-p: the prompt");
       if (prompt.empty()) throw UsageError("the prompt is empty");
       for (auto& s : stop) gen.stop.push_back(cli::unescape(s, "--stop"));
       if (gen.max_tokens < 0) gen.max_tokens = std::numeric_limits<int>::max();

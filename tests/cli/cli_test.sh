@@ -337,6 +337,21 @@ PY
     expect_err "model_type '\\\\x1b\]0;pwned\\\\x07\\\\x1b\[31mqwen\\\\u009b' is not supported"
     if grep -q $'\x1b' "$tmp/err"; then fail "raw ESC on stderr"; fi
     ;;
+  not_utf8)  # text that is not UTF-8 names its flag and file, before any weights are read
+    printf 'Hello \xff world' > "$tmp/bad.txt"
+    run run --model "$tiny" -f "$tmp/bad.txt"
+    expect_rc 2
+    expect_err "-f/--file: '.*bad\.txt' is not valid UTF-8 \(byte 6 of 13\)"
+    run run --model "$tiny" -p $'\xfe'
+    expect_rc 2
+    expect_err "-p: the prompt is not valid UTF-8 \(byte 0 of 1\)"
+    run run --model "$tiny" -p - < "$tmp/bad.txt"
+    expect_rc 2
+    expect_err "-p: standard input is not valid UTF-8"
+    run perplexity --model "$tiny" --text "$tmp/bad.txt"
+    expect_rc 2
+    expect_err "--text: '.*bad\.txt' is not valid UTF-8"
+    ;;
   checksums)  # SHA256SUMS: paths stay inside the model directory; CRLF; files not covered
     rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
     (cd "$tmp/m" && sha256sum config.json generation_config.json model.safetensors tokenizer.json > SHA256SUMS)
@@ -759,6 +774,25 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()
     expect_err "sampling: temperature 0,"
     printf 'Hi\n' | "$qflash" chat --model "$micro" -n 4 -v >"$tmp/out" 2>"$tmp/err"
     expect_err "sampling: temperature 0\.8, top-k 0, top-p 0\.95, min-p 0, repetition penalty 1\.1"
+    # A line that is not UTF-8 is refused; the conversation goes on.
+    printf 'Hi\n\xff\xfe\nHello\n' | "$qflash" chat --model "$micro" --temp 0 -n 4 >"$tmp/out" 2>"$tmp/err"
+    echo $? >"$tmp/rc"
+    expect_rc 0
+    expect_err "the line is not valid UTF-8; it was not sent"
+    [[ $(wc -l < "$tmp/out") -ge 2 ]] || fail "expected an answer before and after the refused line"
+    # A short context: the oldest turns make room for the next answer; a line too long alone is
+    # refused.
+    long=$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 8))
+    printf 'Hello there\nHow are you today?\nTell me more\nAnd then?\n%s\nBye\n' "$long" |
+      "$qflash" chat --model "$micro" --temp 0 -n 12 -c 48 >"$tmp/out" 2>"$tmp/err"
+    echo $? >"$tmp/rc"
+    expect_rc 0
+    expect_err "oldest turns? (was|were) dropped to fit the context of 48 tokens"
+    expect_err "the message was not sent"
+    [[ $(wc -l < "$tmp/out") -ge 5 ]] || fail "expected five answers"
+    run chat --model "$micro" -c 100000 </dev/null
+    expect_rc 2
+    expect_err "--context 100000 is above the model's limit"
     run chat --model "$tiny" </dev/null  # the tiny fixture has no chat template
     expect_rc 1
     expect_err "has no chat template"

@@ -243,7 +243,7 @@ void run_cta(GatedDeltaArgs const& a, gd::ChunkLayout const& l, std::vector<floa
 /// The chunked form on the host through run_cta: workspace for every chunk and head, then the
 /// grid's CTAs (they touch disjoint columns, so their order does not matter).
 void tiled_gated_delta(GatedDeltaArgs const& a) {
-  int const c = std::min(a.chunk_size, gd::kMaxChunk);
+  int const c = gd::chunk_tokens(a.chunk_size, a.d_k);
   gd::ChunkLayout const l{c, a.d_k, a.d_v};
   std::int64_t const n_chunks = (a.n_tokens + c - 1) / c;
   std::vector<float> work(at(n_chunks * a.n_head_v * l.floats()), std::numeric_limits<float>::quiet_NaN());
@@ -288,7 +288,7 @@ TEST_CASE("gated_delta mma: widths that fill no tile, short and one-token chunks
   check({1, 2, 40, 70, 77, 20});         // chunks of 20: a warp's 4 tokens past the chunk
   check({2, 4, 64, 64, 65, 64});         // a last chunk of one token
   check({1, 1, 64, 32, 30, 1, true});    // chunks of one token
-  check({1, 1, 256, 40, 70, 32});        // d_k 256 (chunk_kernel halves its chunks to 32)
+  check({1, 1, 256, 40, 70, 64});        // d_k 256: chunks of 32, as chunk_kernel's shared memory allows
   check({1, 1, 24, 16, 16, 16});         // exactly one chunk of 16
 }
 
@@ -314,4 +314,13 @@ TEST_CASE("gated_delta mma: fragment loads fall in 32 banks and inside shared me
     CHECK(mma::smem_floats(dk) == (rows + gd::kMaxChunk) * mma::kLd);
   }
   CHECK(mma::kWarps * 16 == gd::kMaxChunk);
+}
+
+TEST_CASE("gated_delta mma: chunks on the device hold at most 64 tokens, fewer where d_k is wide") {
+  CHECK(gd::chunk_tokens(64, 128) == 64);
+  CHECK(gd::chunk_tokens(1024, 128) == 64);
+  CHECK(gd::chunk_tokens(20, 128) == 20);
+  CHECK(gd::chunk_tokens(64, 256) == 32);
+  CHECK(gd::chunk_tokens(1, 256) == 1);
+  for (int dk = 1; dk <= 256; ++dk) CHECK(gd::chunk_smem(gd::chunk_tokens(64, dk), dk) <= gd::kMaxChunkSmem);
 }

@@ -168,16 +168,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps) recurrent_kernel(Params const 
 inline constexpr int kMinChunkedTokens = 16;       ///< shorter calls run the recurrence
 inline constexpr std::int64_t kGroupBytes = std::int64_t{32} << 20;  ///< workspace of a pair of launches, at most
 inline constexpr int kChunkThreads = 256;
-inline constexpr std::size_t kMaxChunkSmem = 99 * 1024;  ///< what sm_86 and sm_89 opt in to per block
-
-/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (d_k + 1 apart, so a
-/// warp reading one column of several rows hits distinct banks), A, and per token e^g, e^γ, β
-/// and Γ_{last, j}.
-__host__ __device__ constexpr std::size_t chunk_smem(int c, int dk) {
-  return (2 * static_cast<std::size_t>(c) * (dk + 1) + static_cast<std::size_t>(c) * c + 4 * static_cast<std::size_t>(c)) *
-         sizeof(float);
-}
-
 struct ChunkParams {
   Params p;
   std::int64_t t0;   ///< the group's first token
@@ -409,8 +399,7 @@ __global__ void __launch_bounds__(mma::kThreads) state_kernel(ChunkParams const 
 template <class Arch>
 Status launch_chunked(Params const& p, cudaStream_t stream) {
   GatedDeltaArgs const& a = p.a;
-  int c = std::min(a.chunk_size, kMaxChunk);
-  while (c > 1 && chunk_smem(c, a.d_k) > kMaxChunkSmem) c /= 2;
+  int const c = chunk_tokens(a.chunk_size, a.d_k);
   ChunkLayout const l{c, a.d_k, a.d_v};
   std::int64_t const chunk_bytes = a.n_head_v * l.floats() * static_cast<std::int64_t>(sizeof(float));
   std::int64_t const group = std::max<std::int64_t>(1, kGroupBytes / chunk_bytes) * c;

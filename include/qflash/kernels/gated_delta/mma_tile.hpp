@@ -17,6 +17,7 @@
 ///     back to S in place. No warp reads S between this chunk's barrier and the next.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "qflash/core/config.hpp"
@@ -26,6 +27,24 @@ namespace qflash::kernels::gated_delta_cuda {
 
 inline constexpr int kCols = 32;     ///< state columns per CTA
 inline constexpr int kMaxChunk = 64;  ///< tokens per chunk on the device, at most
+
+inline constexpr std::size_t kMaxChunkSmem = 99 * 1024;  ///< what sm_86 and sm_89 opt in to per block
+
+/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (d_k + 1 apart, so a
+/// warp reading one column of several rows hits distinct banks), A, and per token e^g, e^γ, β
+/// and Γ_{last, j}.
+QFLASH_HD constexpr std::size_t chunk_smem(int c, int dk) {
+  return (2 * static_cast<std::size_t>(c) * (dk + 1) + static_cast<std::size_t>(c) * c + 4 * static_cast<std::size_t>(c)) *
+         sizeof(float);
+}
+
+/// Tokens per chunk on the device for the op's chunk_size and d_k: at most kMaxChunk, halved
+/// while chunk_kernel's shared memory would pass kMaxChunkSmem.
+QFLASH_HD constexpr int chunk_tokens(int chunk_size, int dk) {
+  int c = chunk_size < kMaxChunk ? chunk_size : kMaxChunk;
+  while (c > 1 && chunk_smem(c, dk) > kMaxChunkSmem) c /= 2;
+  return c;
+}
 
 /// One chunk's and value head's piece of the workspace, for chunks of up to c tokens: W, e^γ q̂
 /// and e^{γ_last − γ} k̂ [c, d_k], U [c, d_v], Q Kᵀ ⊙ Γ [c, c] (rows and columns up to the

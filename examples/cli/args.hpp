@@ -86,6 +86,12 @@ inline CLI::Validator number_in(double lo, double hi, bool lo_open = false) {
       "", "number_in");
 }
 
+/// A value that is not empty.
+inline CLI::Validator not_empty() {
+  return CLI::Validator([](std::string& s) -> std::string { return s.empty() ? "must not be empty" : ""; }, "",
+                        "not_empty");
+}
+
 /// Comma-separated token ids ("1,2,3"); each must fit a token id (int32, non-negative).
 inline std::vector<std::int32_t> parse_ids(std::string const& text) {
   std::vector<std::int32_t> ids;

@@ -77,7 +77,8 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
                   "require 'Authorization: Bearer KEY' on /v1/* and /generate (/health and /metrics stay open)")
       ->envname("QFLASH_API_KEY");
   cmd->add_option("--served-model-name", s.served_model_name,
-                  "the model's name in requests and responses (default: the model's directory or file name)");
+                  "the model's name in requests and responses (default: the model's directory or file name)")
+      ->check(not_empty());
   cmd->add_option("--max-num-seqs", e.max_num_seqs, "sequences running at once")
       ->check(integer_in(1))
       ->capture_default_str();

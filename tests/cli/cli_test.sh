@@ -746,6 +746,12 @@ PY
     expect_err "error: --gpu-memory-utilization .*applies to a model on a GPU: add --device cuda"
     run serve --model "$tmp/m" --gpu-memory-utilization 0.5 --kv-cache-memory 1GiB
     expect_err "error: --(gpu-memory-utilization|kv-cache-memory) excludes --(kv-cache-memory|gpu-memory-utilization)"
+    run serve --model "$tmp/m" --served-model-name ''
+    expect_rc 2
+    expect_err "error: --served-model-name: must not be empty"
+    run serve --model "$tiny" --port 0 --kv-cache-memory 100TiB  # more blocks than block ids
+    expect_rc 1
+    expect_err "the KV cache budget of [0-9]+ bytes is [0-9]+ blocks of [0-9]+ bytes, more than the pool's 2147483647; give it at most [0-9]+ bytes"
     run serve --model "$tmp/m" --port 0
     expect_rc 1
     expect_err "listening on http://127\.0\.0\.1:[0-9]+ while m loads"

@@ -121,12 +121,13 @@ class BlockReuse {
 class KvBlockPool {
  public:
   enum class Allocation { kUpFront, kOnDemand };
+  static constexpr std::int64_t kMaxBlocks = INT32_MAX;  ///< block ids are int32
 
   /// A pool of `capacity` blocks whose arenas come from `memory`.
   KvBlockPool(KvLayout layout, std::int64_t capacity, Allocation a = Allocation::kUpFront,
               std::shared_ptr<Memory> memory = host_memory())
       : layout_(std::move(layout)), capacity_(capacity), memory_(std::move(memory)) {
-    QFLASH_CHECK(capacity >= 0 && capacity <= INT32_MAX, "KV pool: ", capacity, " blocks is not a valid size");
+    QFLASH_CHECK(capacity >= 0 && capacity <= kMaxBlocks, "KV pool: ", capacity, " blocks is not a valid size");
     QFLASH_CHECK(memory_, "KV pool: no memory to allocate from");
     for (std::size_t l = 0; l < layout_.n_layer(); ++l) arenas_.emplace_back(memory_.get());
     if (a == Allocation::kUpFront) grow(capacity, /*commit=*/true);

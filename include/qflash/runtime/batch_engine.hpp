@@ -124,6 +124,12 @@ class BatchEngine final : public Engine {
     std::int64_t const blocks = (budget - snapshot_bytes) / per_block;
     QFLASH_CHECK(blocks >= 1, "the KV cache budget of ", budget, " bytes holds no block of ", per_block,
                  " bytes; give it more memory");
+    QFLASH_CHECK(blocks <= kv::KvBlockPool::kMaxBlocks, "the KV cache budget of ", budget, " bytes is ", blocks,
+                 " blocks of ", per_block, " bytes, more than the pool's ", kv::KvBlockPool::kMaxBlocks,
+                 "; give it at most ",
+                 static_cast<std::int64_t>(static_cast<double>(kv::KvBlockPool::kMaxBlocks * per_block) /
+                                           (1.0 - snapshot_share)),
+                 " bytes");
     pool_ = std::make_shared<kv::KvBlockPool>(std::move(layout), blocks, kv::KvBlockPool::Allocation::kOnDemand,
                                               model_->memory());
     if (opts_.prefix.enabled) {

@@ -312,6 +312,16 @@ PY
     expect_rc 0
     expect_out "weights checked +every value finite"
     ;;
+  absent_sizes)  # a config.json without a size says so, beside the error the default then makes
+    rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
+    python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); del c["hidden_size"]; del c["num_experts_per_tok"]
+json.dump(c, open(sys.argv[1], "w"))' "$tmp/m/config.json"
+    run run --model "$tmp/m" -n 2
+    expect_rc 1
+    expect_err "config.json: no hidden_size, num_experts_per_tok; taking the transformers defaults \(save_pretrained writes every size"
+    expect_err "model.embed_tokens.weight' has shape \[256, 32\], expected \[256, 2048\]"
+    ;;
   vocab_mismatch)
     rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
     python3 "$edit" add-token "$tmp/m" 300  # the model embeds 256 ids

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -299,12 +300,23 @@ inline ModelConfig load_config(std::string const& dir) {
   check_id(c.pad_token_id, "pad_token_id");
 
   (void)c.spec(KvScheme::kAny, WeightFormat::kAny);  // why_invalid, naming the file
-  std::vector<std::string> defaulted = t.defaulted();
-  if (!defaulted.empty()) {
-    std::string list;
-    for (auto const& k : defaulted) list += (list.empty() ? "" : ", ") + k;
-    QFLASH_LOG_INFO(path, ": absent fields take the transformers defaults: ", list);
+  // save_pretrained writes every field; an absent size is more likely a damaged file than a
+  // wish for transformers' default (a full-size model's), so it is said without -v.
+  static constexpr std::array<std::string_view, 16> kSizes{
+      "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+      "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+      "intermediate_size", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+      "linear_value_head_dim", "linear_conv_kernel_dim"};
+  std::string sizes, others;
+  for (auto const& k : t.defaulted()) {
+    std::string_view const name = std::string_view(k).substr(k.starts_with("text_config.") ? 12 : 0);
+    std::string& list = std::find(kSizes.begin(), kSizes.end(), name) != kSizes.end() ? sizes : others;
+    list += (list.empty() ? "" : ", ") + k;
   }
+  if (!sizes.empty())
+    QFLASH_LOG_WARN(path, ": no ", sizes, "; taking the transformers defaults (save_pretrained writes every size: is "
+                    "the file damaged?)");
+  if (!others.empty()) QFLASH_LOG_INFO(path, ": absent fields take the transformers defaults: ", others);
   return c;
 }
 

@@ -3,12 +3,14 @@
 // run by the batch engine, whose prefix cache still holds the earlier turns' KV (and, for hybrid
 // models, Gated DeltaNet state snapshots), so a turn computes little more than its new text.
 // Commands: /reset (forget the conversation), /exit (or end of input), /help. When the
-// conversation and an answer would not fit the context, its oldest turns are dropped; a line
-// that cannot be sent (not UTF-8, too long alone) is refused and the conversation goes on.
+// conversation and an answer would not fit the context or the KV cache, its oldest turns are
+// dropped; a line that cannot be sent (not UTF-8, too long alone) is refused and the
+// conversation goes on.
 #pragma once
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "qflash/core/log.hpp"
 #include "qflash/io/chat_template.hpp"
 #include "qflash/io/detail/utf8.hpp"
 #include "qflash/runtime/engine.hpp"
@@ -78,38 +81,53 @@ inline int run_chat(runtime::Engine& engine, io::ChatTemplate const& chat_templa
       std::fputs("qflash chat: the line is not valid UTF-8; it was not sent\n", stderr);
       continue;
     }
-    // The conversation as sent: it replaces `chat` once the engine takes it. Room for a whole
-    // answer: its oldest turns go while it and max_tokens would pass the context.
+    // The conversation as sent: it replaces `chat` once the engine takes it. Its oldest turns go
+    // while it would leave less than an answer's room in the context (at most half the
+    // context), and while the engine refuses it (a prompt longer than the KV cache holds).
     io::ChatInput next = chat;
     next.messages.push_back({{"role", "user"}, {"content", line}});
-    runtime::GenerationRequest r;
-    r.id = "chat-" + std::to_string(++turn);
-    r.prompt = engine.tokenizer().encode(chat_template.render(next));
     std::size_t const first = o.system.empty() ? 0 : 1;
-    int dropped = 0;
-    while (static_cast<std::int64_t>(r.prompt.size()) + o.max_tokens > engine.info().max_context &&
-           drop_oldest_turn(next, first)) {
-      ++dropped;
+    int const max_context = engine.info().max_context;
+    std::int64_t const room = std::min(o.max_tokens, max_context / 2);
+    auto request = [&] {
+      runtime::GenerationRequest r;
+      r.id = "chat-" + std::to_string(turn + 1);
       r.prompt = engine.tokenizer().encode(chat_template.render(next));
+      r.max_tokens = o.max_tokens;
+      r.sampling = sampling;
+      r.sampling.seed = sampling.seed + turn + 1;
+      return r;
+    };
+    runtime::GenerationRequest r = request();
+    int dropped = 0;
+    while (static_cast<std::int64_t>(r.prompt.size()) + room > max_context && drop_oldest_turn(next, first)) {
+      ++dropped;
+      r = request();
     }
-    r.max_tokens = o.max_tokens;
-    r.sampling = sampling;
-    r.sampling.seed = sampling.seed + turn;
     auto const t0 = std::chrono::steady_clock::now();
     std::shared_ptr<runtime::RequestStream> stream;
-    try {
-      stream = engine.submit(std::move(r));
-    } catch (runtime::RequestError const& e) {
-      if (e.kind() != runtime::RequestErrorKind::kInvalid) throw;
-      std::fprintf(stderr, "qflash chat: %s; the message was not sent\n", e.what());
-      continue;
+    while (!stream) {
+      try {
+        stream = engine.submit(std::move(r));
+      } catch (runtime::RequestError const& e) {
+        if (e.kind() != runtime::RequestErrorKind::kInvalid) throw;
+        if (!drop_oldest_turn(next, first)) {
+          std::fprintf(stderr, "qflash chat: %s; the message was not sent\n", e.what());
+          break;
+        }
+        ++dropped;
+        r = request();
+      }
     }
+    if (!stream) continue;
+    ++turn;
     chat = std::move(next);
-    if (dropped == 1)
-      std::fprintf(stderr, "(the oldest turn was dropped to fit the context of %d tokens)\n", engine.info().max_context);
+    if (dropped > 0 && chat.messages.size() == first + 1)
+      std::fprintf(stderr, "(the earlier conversation was dropped to fit the context of %d tokens)\n", max_context);
+    else if (dropped == 1)
+      std::fprintf(stderr, "(the oldest turn was dropped to fit the context of %d tokens)\n", max_context);
     else if (dropped > 1)
-      std::fprintf(stderr, "(the %d oldest turns were dropped to fit the context of %d tokens)\n", dropped,
-                   engine.info().max_context);
+      std::fprintf(stderr, "(the %d oldest turns were dropped to fit the context of %d tokens)\n", dropped, max_context);
     std::string answer;
     std::vector<runtime::ChoiceEvent> events;
     for (bool open = true; open;) {
@@ -129,6 +147,9 @@ inline int run_chat(runtime::Engine& engine, io::ChatTemplate const& chat_templa
       std::fprintf(stderr, "(%lld prompt tokens, %lld cached; %lld generated in %.2f s)\n",
                    static_cast<long long>(usage.prompt_tokens), static_cast<long long>(usage.cached_tokens),
                    static_cast<long long>(usage.completion_tokens), secs);
+    else
+      QFLASH_LOG_INFO("chat turn ", turn, ": ", usage.prompt_tokens, " prompt tokens, ", usage.cached_tokens,
+                      " cached; ", usage.completion_tokens, " generated in ", secs, " s");
     chat.messages.push_back({{"role", "assistant"}, {"content", answer}});
   }
   return kExitOk;

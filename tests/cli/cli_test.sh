@@ -790,22 +790,30 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()
     expect_err "sampling: temperature 0,"
     printf 'Hi\n' | "$qflash" chat --model "$micro" -n 4 -v >"$tmp/out" 2>"$tmp/err"
     expect_err "sampling: temperature 0\.8, top-k 0, top-p 0\.95, min-p 0, repetition penalty 1\.1"
-    # A line that is not UTF-8 is refused; the conversation goes on.
-    printf 'Hi\n\xff\xfe\nHello\n' | "$qflash" chat --model "$micro" --temp 0 -n 4 >"$tmp/out" 2>"$tmp/err"
+    # A line that is not UTF-8 is refused; the conversation goes on (-v logs each turn).
+    printf 'Hi\n\xff\xfe\nHello\n' | "$qflash" chat --model "$micro" --temp 0 -n 4 -v >"$tmp/out" 2>"$tmp/err"
     echo $? >"$tmp/rc"
     expect_rc 0
     expect_err "the line is not valid UTF-8; it was not sent"
-    [[ $(wc -l < "$tmp/out") -ge 2 ]] || fail "expected an answer before and after the refused line"
+    [[ $(grep -c "chat turn [0-9]*:" "$tmp/err") == 2 ]] || fail "expected a turn before and after the refused line"
     # A short context: the oldest turns make room for the next answer; a line too long alone is
-    # refused.
+    # refused, and the turn after it still has the conversation (one message alone is ~15 tokens).
     long=$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 8))
     printf 'Hello there\nHow are you today?\nTell me more\nAnd then?\n%s\nBye\n' "$long" |
-      "$qflash" chat --model "$micro" --temp 0 -n 12 -c 48 >"$tmp/out" 2>"$tmp/err"
+      "$qflash" chat --model "$micro" --temp 0 -n 10 -c 100 -v >"$tmp/out" 2>"$tmp/err"
     echo $? >"$tmp/rc"
     expect_rc 0
-    expect_err "oldest turns? (was|were) dropped to fit the context of 48 tokens"
-    expect_err "the message was not sent"
-    [[ $(wc -l < "$tmp/out") -ge 5 ]] || fail "expected five answers"
+    expect_err "\(the oldest turn was dropped to fit the context of 100 tokens\)"
+    expect_err "the prompt has [0-9]+ tokens, which leaves no room to generate in a context of 100 tokens; the message was not sent"
+    [[ $(grep -c "chat turn [0-9]*:" "$tmp/err") == 5 ]] || fail "expected five turns"
+    last=$(sed -n 's/.*chat turn 5: \([0-9]*\) prompt tokens.*/\1/p' "$tmp/err")
+    [[ -n "$last" && "$last" -gt 30 ]] || fail "the turn after the refused line lost the conversation ($last prompt tokens)"
+    # Answers as long as the context: half of it stays for the conversation's last message.
+    printf 'Hello\nHow are you?\n' | "$qflash" chat --model "$micro" --temp 0 -n 64 -c 64 -v >"$tmp/out" 2>"$tmp/err"
+    echo $? >"$tmp/rc"
+    expect_rc 0
+    expect_err "\(the earlier conversation was dropped to fit the context of 64 tokens\)"
+    [[ $(grep -c "chat turn [0-9]*:" "$tmp/err") == 2 ]] || fail "expected two turns"
     run chat --model "$micro" -c 100000 </dev/null
     expect_rc 2
     expect_err "--context 100000 is above the model's limit"

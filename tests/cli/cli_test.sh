@@ -312,7 +312,7 @@ PY
     expect_rc 0
     expect_out "weights checked +every value finite"
     ;;
-  absent_sizes)  # a config.json without a size says so, beside the error the default then makes
+  absent_sizes)  # a config.json without a size says so, before the errors the defaults then make
     rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"
     python3 -c 'import json, sys
 c = json.load(open(sys.argv[1])); del c["hidden_size"]; del c["num_experts_per_tok"]
@@ -321,6 +321,13 @@ json.dump(c, open(sys.argv[1], "w"))' "$tmp/m/config.json"
     expect_rc 1
     expect_err "config.json: no hidden_size, num_experts_per_tok; taking the transformers defaults \(save_pretrained writes every size"
     expect_err "model.embed_tokens.weight' has shape \[256, 32\], expected \[256, 2048\]"
+    # head_dim (256 by default on qwen3_5_moe) fails the RoPE sections' check in config.json itself.
+    python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); del c["head_dim"]
+json.dump(c, open(sys.argv[1], "w"))' "$tmp/m/config.json"
+    run inspect --model "$tmp/m"
+    expect_rc 1
+    expect_err "config.json: no hidden_size, head_dim, num_experts_per_tok; taking the transformers defaults"
     ;;
   vocab_mismatch)
     rm -rf "$tmp/m"; cp -r "$tiny" "$tmp/m"

@@ -131,6 +131,18 @@ inline std::vector<LayerKind> parse_layer_types(JsonFields const& f, int n_layer
   return out;
 }
 
+/// Whether config.json's `key` (perhaps under text_config) sets a size of the model: a key
+/// transformers defaults to a full-size model's value rather than deriving it.
+inline bool is_size_field(std::string_view key, bool qwen35) {
+  static constexpr std::array<std::string_view, 14> kSizes{
+      "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size", "num_experts",
+      "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "linear_num_key_heads",
+      "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"};
+  if (key.starts_with("text_config.")) key.remove_prefix(12);
+  // qwen3_moe derives head_dim from hidden_size / num_attention_heads.
+  return std::find(kSizes.begin(), kSizes.end(), key) != kSizes.end() || (qwen35 && key == "head_dim");
+}
+
 }  // namespace detail
 
 /// Reads `dir/config.json` (and `dir/generation_config.json` when present). Throws Error naming
@@ -221,6 +233,16 @@ inline ModelConfig load_config(std::string const& dir) {
       QFLASH_FAIL(path, ": field '", t.field("use_sliding_window"),
                   "' is true; sliding-window attention is not supported");
   }
+  // save_pretrained writes every size; an absent one is more likely a damaged file than a wish
+  // for transformers' default (a full-size model's), so it is said without -v, and before a
+  // check that the default may fail.
+  std::string sizes;
+  for (auto const& k : t.defaulted())
+    if (detail::is_size_field(k, qwen35)) sizes += (sizes.empty() ? "" : ", ") + k;
+  if (!sizes.empty())
+    QFLASH_LOG_WARN(path, ": no ", sizes, "; taking the transformers defaults (save_pretrained writes every size: is "
+                    "the file damaged?)");
+
   if (t.boolean("attention_bias", false))
     QFLASH_FAIL(path, ": field '", t.field("attention_bias"),
                 "' is true; attention projections with bias are not supported");
@@ -300,22 +322,9 @@ inline ModelConfig load_config(std::string const& dir) {
   check_id(c.pad_token_id, "pad_token_id");
 
   (void)c.spec(KvScheme::kAny, WeightFormat::kAny);  // why_invalid, naming the file
-  // save_pretrained writes every field; an absent size is more likely a damaged file than a
-  // wish for transformers' default (a full-size model's), so it is said without -v.
-  static constexpr std::array<std::string_view, 16> kSizes{
-      "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-      "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
-      "intermediate_size", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-      "linear_value_head_dim", "linear_conv_kernel_dim"};
-  std::string sizes, others;
-  for (auto const& k : t.defaulted()) {
-    std::string_view const name = std::string_view(k).substr(k.starts_with("text_config.") ? 12 : 0);
-    std::string& list = std::find(kSizes.begin(), kSizes.end(), name) != kSizes.end() ? sizes : others;
-    list += (list.empty() ? "" : ", ") + k;
-  }
-  if (!sizes.empty())
-    QFLASH_LOG_WARN(path, ": no ", sizes, "; taking the transformers defaults (save_pretrained writes every size: is "
-                    "the file damaged?)");
+  std::string others;
+  for (auto const& k : t.defaulted())
+    if (!detail::is_size_field(k, qwen35)) others += (others.empty() ? "" : ", ") + k;
   if (!others.empty()) QFLASH_LOG_INFO(path, ": absent fields take the transformers defaults: ", others);
   return c;
 }

@@ -88,13 +88,14 @@ inline void add_serve_options(CLI::App* cmd, ServeOptions& o) {
       ->capture_default_str();
   cmd->add_option("--kv-cache-memory", o.kv_cache_memory,
                   "bytes for the KV cache and state snapshots, e.g. 2GiB (default: enough for --max-num-seqs full "
-                  "contexts, and a third more for Gated DeltaNet state snapshots (a quarter of the whole), at most "
-                  "1 GiB on the CPU, and on a GPU at most what --gpu-memory-utilization's default leaves)");
+                  "contexts, and on a hybrid model with the prefix cache a third more for Gated DeltaNet state "
+                  "snapshots (a quarter of the whole); at most 1 GiB on the CPU, and on a GPU at most what "
+                  "--gpu-memory-utilization's default leaves)");
   cmd->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
                   "with --device cuda: the share of the GPU's memory to fill, weights included; the KV cache takes "
                   "what is left (default: " +
                       std::to_string(runtime::kDefaultGpuMemoryUtilization).substr(0, 4) +
-                      ", and no more KV cache than --max-num-seqs full contexts need)")
+                      ", and no more KV cache than --kv-cache-memory's default)")
       ->check(number_in(0, 1, /*lo_open=*/true))
       ->excludes("--kv-cache-memory");
   cmd->add_option("--max-model-len", e.max_context,

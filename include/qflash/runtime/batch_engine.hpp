@@ -113,7 +113,8 @@ class BatchEngine final : public Engine {
     std::int64_t const per_block = std::max<std::int64_t>(1, layout.block_bytes());
     std::int64_t const blocks_per_seq = (max_context_ + layout.block_tokens() - 1) / layout.block_tokens();
     // Hybrid models keep a share of the budget for DeltaNet state snapshots; the default budget
-    // holds max_num_seqs full contexts besides that share, so one sequence reaches max_context.
+    // holds max_num_seqs full contexts besides that share, so that one sequence reaches
+    // max_context unless the host's 1 GiB or the device's memory caps the budget.
     double const snapshot_share = hybrid_ && opts_.prefix.enabled ? opts_.prefix.snapshot_share : 0.0;
     QFLASH_CHECK(snapshot_share >= 0.0 && snapshot_share < 1.0, "snapshot_share must be in [0, 1), got ",
                  snapshot_share);

@@ -45,8 +45,9 @@ struct PrefixCacheOptions {
 struct EngineOptions {
   int max_num_seqs = 16;               ///< sequences running at once
   int max_num_batched_tokens = 512;    ///< tokens one step computes (decode tokens + prefill chunks)
-  /// KV pool and state snapshots (0: enough for max_num_seqs full contexts, at most 1 GiB on the
-  /// host, and on a device at most what kDefaultGpuMemoryUtilization leaves)
+  /// KV pool and state snapshots. 0: max_num_seqs full contexts, plus, for a hybrid model with
+  /// the prefix cache, prefix.snapshot_share of the whole for state snapshots; at most 1 GiB on
+  /// the host, and on a device at most what kDefaultGpuMemoryUtilization leaves.
   std::int64_t kv_cache_bytes = 0;
   /// A model on a device: the share of the device's memory the process fills, weights
   /// included; the KV cache takes what is left (0: see kv_cache_bytes). Not with kv_cache_bytes.

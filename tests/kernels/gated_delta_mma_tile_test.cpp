@@ -123,6 +123,23 @@ void fill_workspace(GatedDeltaArgs const& a, gd::ChunkLayout const& l, std::int6
   *l.last(base) = static_cast<float>(std::exp(gam[at(n - 1)]));
 }
 
+/// A warp's accumulators over the CTA's columns: n-tile, lane, register.
+using Tiles = std::array<std::array<Acc, 32>, mma::kNTiles>;
+
+/// The B fragment of rows [8 kt, 8 kt + 8) and columns [8 nt, 8 nt + 8) of S or V' in shared
+/// memory.
+std::array<Floats2, 32> b_fragment(float const* m, int kt, int nt) {
+  std::array<Floats2, 32> b{};
+  for (int lane = 0; lane < 32; ++lane)
+    for (int r = 0; r < 2; ++r) b[at(lane)][at(r)] = m[mma::b_offset(lane, r, kt, nt)];
+  return b;
+}
+
+/// acc += a V'[8 kt, 8 kt + 8) over the CTA's columns, as device.cuh's add_times_vp.
+void add_times_vp(Tiles& acc, std::array<Floats4, 32> const& a, float const* vp, int kt) {
+  for (int nt = 0; nt < mma::kNTiles; ++nt) emulate_mma_3xtf32(acc[at(nt)], a, b_fragment(vp, kt, nt));
+}
+
 /// One CTA of state_kernel (value head h, columns [32 bx, 32 bx + 32)) over every chunk, on the
 /// host: reads a.state and the workspace, writes a.out and a.state.
 void run_cta(GatedDeltaArgs const& a, gd::ChunkLayout const& l, std::vector<float>& work, int h, int bx) {
@@ -143,7 +160,6 @@ void run_cta(GatedDeltaArgs const& a, gd::ChunkLayout const& l, std::vector<floa
     for (int j = 0; j < gd::kCols; ++j)
       ss[i * kLd + j] = i < dk && col0 + j < dv ? state[std::int64_t{i} * dv + col0 + j] : 0.0f;
 
-  using Tiles = std::array<std::array<Acc, 32>, kNTiles>;
   std::int64_t const n_chunks = (a.n_tokens + c - 1) / c;
   for (std::int64_t ci = 0; ci < n_chunks; ++ci) {
     std::int64_t const t0 = ci * c;
@@ -165,9 +181,7 @@ void run_cta(GatedDeltaArgs const& a, gd::ChunkLayout const& l, std::vector<floa
             aq[at(lane)][at(r)] = in ? l.qg(base)[i * dk + d] : 0.0f;
           }
         for (int nt = 0; nt < kNTiles; ++nt) {
-          std::array<Floats2, 32> b{};
-          for (int lane = 0; lane < 32; ++lane)
-            for (int r = 0; r < 2; ++r) b[at(lane)][at(r)] = ss[mma::b_offset(lane, r, ks, nt)];
+          auto const b = b_fragment(ss, ks, nt);
           emulate_mma_3xtf32(ws[at(nt)], aw, b);
           emulate_mma_3xtf32(o[at(warp)][at(nt)], aq, b);
         }
@@ -192,12 +206,7 @@ void run_cta(GatedDeltaArgs const& a, gd::ChunkLayout const& l, std::vector<floa
             int const i = r0 + a_row(lane, r), j = 8 * kt + a_col(lane, r);
             aqk[at(lane)][at(r)] = i < n && j < n ? l.qk(base)[i * c + j] : 0.0f;
           }
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          std::array<Floats2, 32> b{};
-          for (int lane = 0; lane < 32; ++lane)
-            for (int r = 0; r < 2; ++r) b[at(lane)][at(r)] = vp[mma::b_offset(lane, r, kt, nt)];
-          emulate_mma_3xtf32(o[at(warp)][at(nt)], aqk, b);
-        }
+        add_times_vp(o[at(warp)], aqk, vp, kt);
       }
       for (int nt = 0; nt < kNTiles; ++nt)
         for (int lane = 0; lane < 32; ++lane)
@@ -222,12 +231,7 @@ void run_cta(GatedDeltaArgs const& a, gd::ChunkLayout const& l, std::vector<floa
               int const d = 16 * mt + a_row(lane, r), j = 8 * kt + a_col(lane, r);
               akd[at(lane)][at(r)] = d < dk && j < n ? l.kd(base)[j * dk + d] : 0.0f;
             }
-          for (int nt = 0; nt < kNTiles; ++nt) {
-            std::array<Floats2, 32> b{};
-            for (int lane = 0; lane < 32; ++lane)
-              for (int r = 0; r < 2; ++r) b[at(lane)][at(r)] = vp[mma::b_offset(lane, r, kt, nt)];
-            emulate_mma_3xtf32(acc[at(nt)], akd, b);
-          }
+          add_times_vp(acc, akd, vp, kt);
         }
         for (int nt = 0; nt < kNTiles; ++nt)
           for (int lane = 0; lane < 32; ++lane)

@@ -269,7 +269,7 @@ void check_instance() {
   // Blocks handed out in shuffled order, and blocks of 1, 7 and 64 tokens: decode (the first
   // problem) and prefill on the tensor cores (the second).
   for (Problem const& p : {problems[0], problems[1]}) {
-    auto const& mixed = layouts_for<S>(p.n_kv).back();
+    std::vector<kv::KvFormats> const mixed = layouts_for<S>(p.n_kv).back();  // a copy: the list is a temporary
     check_attention<S, Tag>(p, mixed, true);
     for (int block_tokens : {1, 7, 64}) check_attention<S, Tag>(p, mixed, false, block_tokens);
   }

@@ -586,7 +586,11 @@ void check_router_gemv(std::int64_t tokens, int n, int k, WeightFormat f, std::i
     REQUIRE(launch_router_topk<S>(Tag{}, args(&on_gpu, de.get(), dw.get(), dshared.get()), nullptr) == Status::kSuccess);
     synchronize();
     auto const l_gpu = dl.download();
-    auto const l = all_close<float, float>(l_gpu, l_cpu, Tolerance{2e-5, 1e-5});
+    // From 16 tokens linear's tensor cores compute the logits: each bf16 part of an activation
+    // (three) adds its products to the accumulator, so its sums round three times as often
+    // (linear_gpu_test's tolerance; seen on the CUDA emulator at 40 tokens: 3.3e-5 off).
+    Tolerance const sums = tokens < 16 ? Tolerance{2e-5, 1e-5} : Tolerance{2e-4, 1e-4};
+    auto const l = all_close<float, float>(l_gpu, l_cpu, sums);
     CHECK_MESSAGE(l.ok, "logits, GPU vs CPU twin: ", l.report);
     // The CPU's routing of the device's logits.
     RouterTopkArgs from_gpu = args(nullptr, e_cpu.data(), w_cpu.data(), shared_cpu.data());

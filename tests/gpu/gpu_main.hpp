@@ -27,6 +27,16 @@
 
 namespace qflash::test::gpu {
 
+/// Whether the kernels run on the CUDA emulator (tests/support/cuda_emulator), on the CPU:
+/// there the tests leave out their largest cases (hundreds of thousands of rows, there to go
+/// past a kernel's grid cap), which would take many minutes.
+#ifdef QFLASH_CUDA_EMULATOR
+inline constexpr bool kEmulated = true;
+#else
+inline constexpr bool kEmulated = false;
+#endif
+inline constexpr bool kLargeCases = !kEmulated;
+
 struct DeviceInfo {
   int major = 0;
   int minor = 0;

@@ -710,11 +710,12 @@ void check_instance() {
     for (int cols : widths)
       for (std::int64_t rows : {std::int64_t{1}, std::int64_t{7}, std::int64_t{300}}) check_gated_rmsnorm<S, Tag>(rows, cols, false);
     check_gated_rmsnorm<S, Tag>(5, widths.front(), true);
-    check_gated_rmsnorm<S, Tag>(600000, widths.front(), false);  // past the grid cap: rows loop
+    if (test::gpu::kLargeCases) check_gated_rmsnorm<S, Tag>(600000, widths.front(), false);  // past the grid cap
     std::vector<int> const heads = S.n_head_v_linear != kDynamic ? std::vector<int>{S.n_head_v_linear}
                                                                   : std::vector<int>{32, 5};
     for (int h : heads)
-      for (std::int64_t t : {std::int64_t{1}, std::int64_t{17}, std::int64_t{600000}}) check_gdn_gates<S, Tag>(t, h);
+      for (std::int64_t t : {std::int64_t{1}, std::int64_t{17}, std::int64_t{600000}})
+        if (t < 600000 || test::gpu::kLargeCases) check_gdn_gates<S, Tag>(t, h);
     // The conv's channels: q, k and v of every linear-attention head.
     int const channels = S.d_head_v_linear != kDynamic
                              ? 2 * S.n_head_k_linear * S.d_head_k_linear + S.n_head_v_linear * S.d_head_v_linear
@@ -779,7 +780,8 @@ void check_instance() {
         check_qk_norm_rope<S, Tag>({3, heads, d, rotary, true, kind, false});
         check_qk_norm_rope<S, Tag>({33, heads, d, rotary, false, kind, true});
       }
-  check_qk_norm_rope<S, Tag>({300000, 2, dims.front(), dims.front() / 2, false, NormWeight::kPlain, false});
+  if (test::gpu::kLargeCases)
+    check_qk_norm_rope<S, Tag>({300000, 2, dims.front(), dims.front() / 2, false, NormWeight::kPlain, false});
   int const kv_heads = S.n_head_kv != kDynamic ? S.n_head_kv : 2;
   for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{70}})
     check_qk_norm_rope_keys<S, Tag>(tokens, heads, kv_heads, dims.front(), dims.front() / 4 / 2 * 2);
@@ -795,7 +797,8 @@ void check_instance() {
     // count e^-87 and tie (lower ids first); and the weights left as probabilities.
     check_router<S, Tag>(37, n, k, {}, false, -300.0f, false);
   }
-  check_router<S, Tag>(600000, routes.front().first, routes.front().second, {}, false);  // past the grid cap
+  if (test::gpu::kLargeCases)
+    check_router<S, Tag>(600000, routes.front().first, routes.front().second, {}, false);  // past the grid cap
   for (auto [n, k] : routes) check_router_non_finite<S, Tag>(n, k);
   std::int64_t const d_router = S.d_model != kDynamic ? S.d_model : 512;
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8E4m3, WeightFormat::kF32, WeightFormat::kQ8_0}) {
@@ -812,9 +815,11 @@ void check_instance() {
 
   // One tile and many (Qwen3.6's vocabulary: one merge round; a million ids: two), k of one to
   // the most, rows past the vocabulary's ids, excluded ids, every id excluded.
-  check_token_candidates<S, Tag>(3, 248320, 64, 300, true);
-  check_token_candidates<S, Tag>(2, 248320, 1, 0, false);
-  check_token_candidates<S, Tag>(1, 1 << 20, 256, 10, true);
+  if (test::gpu::kLargeCases) {
+    check_token_candidates<S, Tag>(3, 248320, 64, 300, true);
+    check_token_candidates<S, Tag>(2, 248320, 1, 0, false);
+    check_token_candidates<S, Tag>(1, 1 << 20, 256, 10, true);
+  }
   check_token_candidates<S, Tag>(16, 4096, 20, 5, true);
   check_token_candidates<S, Tag>(2, 50, 256, 7, false);
   check_token_candidates<S, Tag>(1, 5000, 64, 5000, false);

@@ -24,9 +24,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cub/block/block_reduce.cuh>
-
 #include "qflash/kernels/add_rmsnorm/op.hpp"
+#include "qflash/kernels/common/cub.cuh"
 #include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/add_rmsnorm/policy.hpp"
 
@@ -229,15 +228,15 @@ Status launch_any_width(Params<Act, W> const& p, cudaStream_t stream) {
       constexpr int kThreads = kPolicy.warp_block_threads;
       std::int64_t const blocks = std::min<std::int64_t>((p.n_rows + kThreads / 32 - 1) / (kThreads / 32),
                                                          kPolicy.max_blocks);
-      add_rmsnorm_warp_kernel<Arch, Act, W, kVec, kThreads>
-          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+      QFLASH_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream,
+                    add_rmsnorm_warp_kernel<Arch, Act, W, kVec, kThreads>)(p);
       return cuda::last_launch_status();
     }
   }
   constexpr int kThreads = kPolicy.block_threads;
   std::int64_t const blocks = std::min<std::int64_t>(p.n_rows, kPolicy.max_blocks);
-  add_rmsnorm_block_kernel<Arch, Act, W, kVec, kThreads>
-      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  QFLASH_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream,
+                add_rmsnorm_block_kernel<Arch, Act, W, kVec, kThreads>)(p);
   return cuda::last_launch_status();
 }
 
@@ -274,8 +273,8 @@ Status launch_typed(AddRmsNormArgs const& a, cudaStream_t stream) {
     constexpr int kThreads = std::min(kPolicy.block_threads, (kVecsPerRow + 31) / 32 * 32);
     if (vectorizable) {
       std::int64_t const blocks = std::min<std::int64_t>(a.n_rows, kPolicy.max_blocks);
-      add_rmsnorm_static_kernel<Arch, Act, W, S.d_model, kVec, kThreads>
-          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+      QFLASH_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream,
+                    add_rmsnorm_static_kernel<Arch, Act, W, S.d_model, kVec, kThreads>)(p);
       return cuda::last_launch_status();
     }
     // Misaligned views of a static-width problem take the scalar any-width kernel.

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "qflash/kernels/attention/op.hpp"
+#include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/kv_append/device.cuh"
 
@@ -315,7 +316,7 @@ __device__ __forceinline__ void finish_row(Params const& p, std::int64_t t, int 
 /// Grid: x row tiles of kWarps rows, y KV heads, z key splits.
 template <class Arch, KvScheme kScheme, int kPerLane>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(DeviceKv const kv, Params const p) {
-  extern __shared__ float smem[];
+  QFLASH_DYNAMIC_SMEM(float, smem);
   int const kv_head = static_cast<int>(blockIdx.y);
   std::int64_t const rows = p.n_tokens * p.group;
   std::int64_t const r0 = static_cast<std::int64_t>(blockIdx.x) * kWarps;
@@ -412,7 +413,7 @@ template <class Arch, int kPerLane>
 Status combine(Params const& p, std::int64_t n_split, cudaStream_t stream) {
   std::int64_t const warps = p.n_tokens * p.n_head;
   auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
-  combine_kernel<Arch, kPerLane><<<blocks, kThreads, 0, stream>>>(p, static_cast<int>(n_split));
+  QFLASH_LAUNCH(blocks, kThreads, 0, stream, combine_kernel<Arch, kPerLane>)(p, static_cast<int>(n_split));
   return cuda::last_launch_status();
 }
 
@@ -448,7 +449,7 @@ Status launch_per_lane(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t
                                           p.n_tokens * p.n_head, stream);
   if (n_split == 0) return Status::kErrorCuda;
   dim3 const grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n_split));
-  attention_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, tile_smem<kPerLane>(p.d), stream>>>(kv, p);
+  QFLASH_LAUNCH(grid, kThreads, tile_smem<kPerLane>(p.d), stream, attention_kernel<Arch, kScheme, kPerLane>)(kv, p);
   Status status = cuda::last_launch_status();
   if (n_split > 1 && status == Status::kSuccess) status = combine<Arch, kPerLane>(p, n_split, stream);
   return status;

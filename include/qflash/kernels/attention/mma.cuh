@@ -176,7 +176,7 @@ __device__ __forceinline__ void finish_rows(Params const& p, std::int64_t r0, in
 template <class Arch, KvScheme kScheme, int kD>
 __global__ void __launch_bounds__(kThreads, 1) mma_kernel(DeviceKv const kv, Params const p) {
   constexpr int kKeys = keys_per_tile(kD);
-  extern __shared__ float smem[];
+  QFLASH_DYNAMIC_SMEM(float, smem);
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   int const d = p.d, d8 = (d + 7) / 8, ld = row_stride(d);
   float* const sq = smem;
@@ -250,7 +250,7 @@ Status launch(DeviceKv const& kv, Params p, int n_head_kv, cudaStream_t stream) 
       s != Status::kSuccess)
     return s;
   dim3 const grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n_split));
-  kernel<<<grid, kThreads, smem, stream>>>(kv, p);
+  QFLASH_LAUNCH(grid, kThreads, smem, stream, kernel)(kv, p);
   Status status = cuda::last_launch_status();
   if (n_split > 1 && status == Status::kSuccess) status = combine<Arch, per_lane(kD)>(p, n_split, stream);
   return status;

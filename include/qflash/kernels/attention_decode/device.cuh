@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kv_cuda::kAppendThreads) append_kernel(DeviceK
 /// Grid: x (sequence, row tile of the KV head's group), y KV heads, z key splits.
 template <class Arch, KvScheme kScheme, int kPerLane>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(DeviceKv const kv, Params const P) {
-  extern __shared__ float smem[];
+  QFLASH_DYNAMIC_SMEM(float, smem);
   attention_cuda::Params const& p = P.p;
   int const row_tiles = (p.group + kWarps - 1) / kWarps;
   int const i = static_cast<int>(blockIdx.x) / row_tiles;
@@ -128,7 +128,7 @@ Status launch_per_lane(DeviceKv const& kv, Params& P, std::int64_t max_ctx, std:
     std::int64_t const append_threads = std::int64_t{P.n_seqs} * kv.n_head_kv * 2 * 32;
     auto const append_blocks =
         static_cast<unsigned>((append_threads + kv_cuda::kAppendThreads - 1) / kv_cuda::kAppendThreads);
-    append_kernel<Arch, kScheme><<<append_blocks, kv_cuda::kAppendThreads, 0, stream>>>(kv, P);
+    QFLASH_LAUNCH(append_blocks, kv_cuda::kAppendThreads, 0, stream, append_kernel<Arch, kScheme>)(kv, P);
     if (Status s = cuda::last_launch_status(); s != Status::kSuccess) return s;
   }
 
@@ -139,11 +139,12 @@ Status launch_per_lane(DeviceKv const& kv, Params& P, std::int64_t max_ctx, std:
                                  split_count(total_ctx * row_tiles * kv.n_head_kv, max_ctx), max_ctx, rows, stream);
   if (n_split == 0) return Status::kErrorCuda;
   dim3 const grid(static_cast<unsigned>(ctas), static_cast<unsigned>(kv.n_head_kv), static_cast<unsigned>(n_split));
-  decode_kernel<Arch, kScheme, kPerLane><<<grid, kThreads, attention_cuda::tile_smem<kPerLane>(P.p.d), stream>>>(kv, P);
+  QFLASH_LAUNCH(grid, kThreads, attention_cuda::tile_smem<kPerLane>(P.p.d), stream,
+                decode_kernel<Arch, kScheme, kPerLane>)(kv, P);
   if (Status s = cuda::last_launch_status(); s != Status::kSuccess) return s;
   if (n_split > 1) {
     auto const blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
-    combine_kernel<Arch, kPerLane><<<blocks, kThreads, 0, stream>>>(P, static_cast<int>(n_split));
+    QFLASH_LAUNCH(blocks, kThreads, 0, stream, combine_kernel<Arch, kPerLane>)(P, static_cast<int>(n_split));
     return cuda::last_launch_status();
   }
   return Status::kSuccess;

@@ -56,10 +56,10 @@ Status launch(CausalConv1dArgs const& a, stream_t stream) {
   if (Status s = can_implement_causal_conv1d<S>(a); s != Status::kSuccess) return s;
   std::int64_t const n = a.n_tokens * a.n_channels;
   std::int64_t const blocks = std::min<std::int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks);
-  conv_kernel<Arch, S.d_conv><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  QFLASH_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream, conv_kernel<Arch, S.d_conv>)(a);
   if (Status s = cuda::last_launch_status(); s != Status::kSuccess || a.d_conv == 1) return s;
   std::int64_t const state_blocks = std::min<std::int64_t>((a.n_channels + kThreads - 1) / kThreads, kMaxBlocks);
-  state_kernel<Arch><<<static_cast<unsigned>(state_blocks), kThreads, 0, stream>>>(a);
+  QFLASH_LAUNCH(static_cast<unsigned>(state_blocks), kThreads, 0, stream, state_kernel<Arch>)(a);
   return cuda::last_launch_status();
 }
 

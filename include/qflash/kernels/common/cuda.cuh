@@ -10,6 +10,13 @@
 #include "qflash/core/status.hpp"
 #include "qflash/numeric/weight_format.hpp"
 
+// kernel<<<grid, block, smem, stream>>> and a kernel's dynamic shared memory, spelled so that the
+// CUDA emulator (tests/support/cuda_emulator, which defines its own) runs the kernels as C++.
+#ifndef QFLASH_CUDA_EMULATOR
+#define QFLASH_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define QFLASH_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
+#endif
+
 namespace qflash::kernels::cuda {
 
 /// The sum, max or min of v over the 32 lanes of a warp, returned to every lane.

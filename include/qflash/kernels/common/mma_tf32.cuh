@@ -11,12 +11,16 @@ namespace qflash::kernels::tf32 {
 
 /// c += a b for one m16n8k8 tile of tf32 operands (fp32 registers whose low 13 bits are zero).
 __device__ __forceinline__ void mma(float (&c)[4], float const (&a)[4], float const (&b)[2]) {
+#ifdef QFLASH_CUDA_EMULATOR
+  ::qflash::emulator::mma_tf32(c, a, b);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
         "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+#endif
 }
 
 /// c += a b to about fp32's precision from the operands' tf32 parts (small products first);

@@ -90,7 +90,7 @@ Status launch(EmbeddingArgs const& a, stream_t stream) {
   std::int64_t const work = a.n_tokens * ((a.table.cols + unit - 1) / unit);
   if (work == 0) return Status::kSuccess;
   std::int64_t const blocks = std::min<std::int64_t>((work + kThreads - 1) / kThreads, kMaxBlocks);
-  embedding_kernel<Arch><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, unit);
+  QFLASH_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream, embedding_kernel<Arch>)(a, unit);
   return cuda::last_launch_status();
 }
 

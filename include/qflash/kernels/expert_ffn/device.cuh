@@ -32,8 +32,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cub/block/block_scan.cuh>
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -42,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "qflash/kernels/common/cub.cuh"
 #include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/expert_ffn/op.hpp"
@@ -110,7 +109,7 @@ __global__ void __launch_bounds__(kGroupThreads)
                  int* row_expert) {
   using Scan = cub::BlockScan<int, kGroupThreads>;
   __shared__ typename Scan::TempStorage scan;
-  extern __shared__ int cursor[];  // [n_expert]: counts, then each expert's next row
+  QFLASH_DYNAMIC_SMEM(int, cursor);  // [n_expert]: counts, then each expert's next row
   for (int e = threadIdx.x; e < n_expert; e += blockDim.x) cursor[e] = 0;
   if (row_expert)
     for (int r = threadIdx.x; r < shared_rows + n_slots; r += blockDim.x) row_expert[r] = r < shared_rows ? -1 : kNoRow;
@@ -264,7 +263,7 @@ __global__ void __launch_bounds__(linear_cuda::mma::kThreads, 1) expert_mma_kern
   constexpr bool kCodes = linear_cuda::reads_codes(kF);
   constexpr int kWBytes = mma::weight_bytes(kF);
   constexpr int kStageBytes = kCodes ? mb::Tile<1>::kStageBytes : mma::Tile<1, kMats, kWBytes>::kStageBytes;
-  __shared__ alignas(16) std::uint8_t smem[2][kStageBytes];
+  __shared__ __align__(16) std::uint8_t smem[2][kStageBytes];
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   // Codes: whole groups, the activations' padded columns.
   std::int64_t const rows = p.w[0].first.rows, k = kCodes ? p.codes.k : p.w[0].first.cols;
@@ -330,7 +329,7 @@ Status project_mma(MmaParams const& p, std::int64_t max_tiles, cudaStream_t stre
                   static_cast<unsigned>(std::clamp<std::int64_t>(max_tiles, 1, kMaxTileBlocks)));
   return linear_cuda::with_format<S>(p.w[0].first.format, [&]<WeightFormat kF>() {
     if constexpr (mma_reads(kF)) {
-      expert_mma_kernel<Arch, kMats, kF><<<grid, mma::kThreads, 0, stream>>>(p);
+      QFLASH_LAUNCH(grid, mma::kThreads, 0, stream, expert_mma_kernel<Arch, kMats, kF>)(p);
       return cuda::last_launch_status();
     } else {
       return Status::kErrorNotSupported;
@@ -553,10 +552,18 @@ Status project(Pass pass, ProjectParams const& p, std::int64_t max_tiles, cudaSt
   return linear_cuda::with_format<S>(p.w.first.format, [&]<WeightFormat kF>() {
     auto go = [&]<bool kVec>() {
       switch (pass) {
-        case Pass::kGateUp: project_kernel<Arch, kF, kVec, Pass::kGateUp><<<grid, kThreads, 0, stream>>>(p); break;
-        case Pass::kGate: project_kernel<Arch, kF, kVec, Pass::kGate><<<grid, kThreads, 0, stream>>>(p); break;
-        case Pass::kUpSwiglu: project_kernel<Arch, kF, kVec, Pass::kUpSwiglu><<<grid, kThreads, 0, stream>>>(p); break;
-        case Pass::kDown: project_kernel<Arch, kF, kVec, Pass::kDown><<<grid, kThreads, 0, stream>>>(p); break;
+        case Pass::kGateUp:
+          QFLASH_LAUNCH(grid, kThreads, 0, stream, project_kernel<Arch, kF, kVec, Pass::kGateUp>)(p);
+          break;
+        case Pass::kGate:
+          QFLASH_LAUNCH(grid, kThreads, 0, stream, project_kernel<Arch, kF, kVec, Pass::kGate>)(p);
+          break;
+        case Pass::kUpSwiglu:
+          QFLASH_LAUNCH(grid, kThreads, 0, stream, project_kernel<Arch, kF, kVec, Pass::kUpSwiglu>)(p);
+          break;
+        case Pass::kDown:
+          QFLASH_LAUNCH(grid, kThreads, 0, stream, project_kernel<Arch, kF, kVec, Pass::kDown>)(p);
+          break;
       }
       return cuda::last_launch_status();
     };
@@ -580,10 +587,10 @@ Status down_combine(DownCombineParams const& p, cudaStream_t stream) {
   return linear_cuda::with_format<S>(p.w.first.format, [&]<WeightFormat kF>() {
     if constexpr (block_values(kF) == 1)
       if (vec) {
-        down_combine_kernel<Arch, kF, true><<<blocks, threads, 0, stream>>>(p);
+        QFLASH_LAUNCH(blocks, threads, 0, stream, down_combine_kernel<Arch, kF, true>)(p);
         return cuda::last_launch_status();
       }
-    down_combine_kernel<Arch, kF, false><<<blocks, threads, 0, stream>>>(p);
+    QFLASH_LAUNCH(blocks, threads, 0, stream, down_combine_kernel<Arch, kF, false>)(p);
     return cuda::last_launch_status();
   });
 }
@@ -778,7 +785,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
 
   // 5. Combine.
   auto combine = [&]() -> Status {
-    combine_kernel<Arch><<<blocks_for(a.n_tokens * d_model), kThreads, 0, stream>>>(
+    QFLASH_LAUNCH(blocks_for(a.n_tokens * d_model), kThreads, 0, stream, combine_kernel<Arch>)(
         a.out, a.accumulate, y, d_model, a.n_tokens, slot_row, a.route_weights, a.n_expert_used,
         shared ? a.shared_weights : nullptr);
     return cuda::last_launch_status();
@@ -802,9 +809,9 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
         any = any || run.a.first.data || run.shared_a.data;
       }
       if (!any) continue;
-      lora_a_kernel<Arch><<<blocks_for(rows * lora_rank * 32), kThreads, 0, stream>>>(p);
+      QFLASH_LAUNCH(blocks_for(rows * lora_rank * 32), kThreads, 0, stream, lora_a_kernel<Arch>)(p);
       if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
-      lora_b_kernel<Arch><<<blocks_for(rows * n_out), kThreads, 0, stream>>>(p);
+      QFLASH_LAUNCH(blocks_for(rows * n_out), kThreads, 0, stream, lora_b_kernel<Arch>)(p);
       if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
     }
     return Status::kSuccess;
@@ -815,7 +822,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
       return st;
     if (Status st = add_lora(Proj::kUp, a.x, d_model, true, act_up, d_ff_max, d_ff_max); st != Status::kSuccess)
       return st;
-    swiglu_kernel<Arch><<<blocks_for(rows * d_ff_max), kThreads, 0, stream>>>(act, act_up, rows * d_ff_max);
+    QFLASH_LAUNCH(blocks_for(rows * d_ff_max), kThreads, 0, stream, swiglu_kernel<Arch>)(act, act_up, rows * d_ff_max);
     return cuda::last_launch_status();
   };
   // Steps 2 to 4 on tensor cores: per group the tokens prepared for gate and up's format, gate
@@ -950,7 +957,7 @@ Status launch(ExpertFfnArgs const& a, stream_t stream_arg) {
 
   // 1. Grouping (not by slot); 2 to 4; down's LoRA updates; 5. combine (by slot: with down).
   if (!by_slot) {
-    group_kernel<Arch><<<1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream>>>(
+    QFLASH_LAUNCH(1, kGroupThreads, static_cast<std::size_t>(n_expert) * sizeof(int), stream, group_kernel<Arch>)(
         a.routes, static_cast<int>(n_slots), a.n_expert_used, static_cast<int>(n_expert),
         static_cast<int>(shared_rows), merged, tile_rows, tiles, tile_count, row_token, slot_row, row_expert);
     if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;

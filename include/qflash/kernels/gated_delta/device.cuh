@@ -142,7 +142,7 @@ __device__ __forceinline__ void token_step(Columns const& c, float (&s)[kRows], 
 /// One CTA's columns (blockIdx.x) of value head blockIdx.y over every token of `a`: the body
 /// of recurrent_kernel. Block: 32 * ceil(d_k / 32) threads; shared: Columns::floats.
 __device__ __forceinline__ void recurrent_columns(Params const& p, GatedDeltaArgs const& a) {
-  extern __shared__ float smem[];
+  QFLASH_DYNAMIC_SMEM(float, smem);
   Columns const c(a.d_k, a.d_v, smem);
   int const h = static_cast<int>(blockIdx.y);
   int const kh = a.key_head(h);
@@ -179,7 +179,7 @@ struct ChunkParams {
 /// Grid: x the group's chunks, y value heads.
 template <class Arch>
 __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const cp) {
-  extern __shared__ float smem[];
+  QFLASH_DYNAMIC_SMEM(float, smem);
   GatedDeltaArgs const& a = cp.p.a;
   int const dk = a.d_k, dv = a.d_v, c = cp.l.c, ldk = dk + 1;
   int const h = static_cast<int>(blockIdx.y);
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(mma::kThreads) state_kernel(ChunkParams const 
   using namespace mma;
   using tf32::mma_3x;
   using tf32::split;
-  extern __shared__ float smem[];
+  QFLASH_DYNAMIC_SMEM(float, smem);
   GatedDeltaArgs const& a = cp.p.a;
   int const dk = a.d_k, dv = a.d_v, c = cp.l.c, rows = state_rows(dk), k_steps = (dk + 7) / 8;
   int const warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
@@ -417,10 +417,10 @@ Status launch_chunked(Params const& p, cudaStream_t stream) {
   for (std::int64_t t0 = 0; t0 < a.n_tokens; t0 += group) {
     ChunkParams cp{p, t0, std::min(group, a.n_tokens - t0), l, work};
     dim3 const chunks(static_cast<unsigned>((cp.n + c - 1) / c), static_cast<unsigned>(a.n_head_v));
-    chunk_kernel<Arch><<<chunks, kChunkThreads, smem1, stream>>>(cp);
+    QFLASH_LAUNCH(chunks, kChunkThreads, smem1, stream, chunk_kernel<Arch>)(cp);
     if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
     dim3 const columns(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v));
-    state_kernel<Arch><<<columns, mma::kThreads, smem2, stream>>>(cp);
+    QFLASH_LAUNCH(columns, mma::kThreads, smem2, stream, state_kernel<Arch>)(cp);
     if (Status st = cuda::last_launch_status(); st != Status::kSuccess) return st;
   }
   return Status::kSuccess;
@@ -442,7 +442,7 @@ Status launch(GatedDeltaArgs const& a, stream_t stream) {
     return launch_chunked<Arch>(p, static_cast<cudaStream_t>(stream));
   std::size_t const smem = static_cast<std::size_t>(Columns::floats(a.d_k, warps)) * sizeof(float);
   dim3 const grid(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v));
-  recurrent_kernel<Arch><<<grid, 32 * warps, smem, stream>>>(p);
+  QFLASH_LAUNCH(grid, 32 * warps, smem, stream, recurrent_kernel<Arch>)(p);
   return cuda::last_launch_status();
 }
 

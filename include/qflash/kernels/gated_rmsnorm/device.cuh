@@ -45,7 +45,7 @@ template <class Arch, MoeSpec S>
 Status launch(GatedRmsNormArgs const& a, stream_t stream) {
   if (Status s = can_implement_gated_rmsnorm<S>(a); s != Status::kSuccess) return s;
   std::int64_t const blocks = std::min<std::int64_t>((a.n_rows + kThreads / 32 - 1) / (kThreads / 32), kMaxBlocks);
-  gated_rmsnorm_kernel<Arch><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  QFLASH_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream, gated_rmsnorm_kernel<Arch>)(a);
   return cuda::last_launch_status();
 }
 

@@ -69,7 +69,7 @@ __host__ __device__ inline int step_floats(int d_k) { return 2 * d_k + gated_del
 template <class Arch, int kConv>
 __global__ void __launch_bounds__(32 * gated_delta_cuda::kMaxWarps, 2) step_kernel(Params const p) {
   using namespace gated_delta_cuda;
-  extern __shared__ float smem[];
+  QFLASH_DYNAMIC_SMEM(float, smem);
   GdnDecodeArgs const& a = p.a;
   int const k = kConv != kDynamic ? kConv : a.d_conv;
   int const i = static_cast<int>(blockIdx.z), h = static_cast<int>(blockIdx.y);
@@ -175,7 +175,7 @@ Status launch(GdnDecodeArgs const& a, stream_t stream) {
     }
     dim3 const grid(static_cast<unsigned>((a.d_v + kCols - 1) / kCols), static_cast<unsigned>(a.n_head_v),
                     static_cast<unsigned>(n));
-    step_kernel<Arch, S.d_conv><<<grid, 32 * warps, smem, cs>>>(p);
+    QFLASH_LAUNCH(grid, 32 * warps, smem, cs, step_kernel<Arch, S.d_conv>)(p);
     if (Status s = cuda::last_launch_status(); s != Status::kSuccess) return s;
   }
   return Status::kSuccess;

@@ -48,7 +48,7 @@ Status launch(GdnGatesArgs const& a, stream_t stream) {
   std::int64_t const n = a.n_tokens * a.n_head_v;
   if (n == 0) return Status::kSuccess;
   std::int64_t const blocks = std::min<std::int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks);
-  gdn_gates_kernel<Arch><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  QFLASH_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream, gdn_gates_kernel<Arch>)(a);
   return cuda::last_launch_status();
 }
 

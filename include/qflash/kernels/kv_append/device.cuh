@@ -139,7 +139,7 @@ Status launch(KvAppendArgs const& a, stream_t stream) {
   if (a.n_tokens == 0) return Status::kSuccess;
   std::int64_t const threads = a.n_tokens * a.kv.n_head_kv * 2 * 32;
   auto const blocks = static_cast<unsigned>((threads + kAppendThreads - 1) / kAppendThreads);
-  kv_append_kernel<Arch, S.kv><<<blocks, kAppendThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  QFLASH_LAUNCH(blocks, kAppendThreads, 0, static_cast<cudaStream_t>(stream), kv_append_kernel<Arch, S.kv>)(
       kv, a.k, a.v, a.n_tokens, a.start);
   return cuda::last_launch_status();
 }

@@ -300,9 +300,9 @@ Status launch_format(Params p, cudaStream_t stream) {
       if (mma::usable(p.w, p.n_tokens))
         return mma::launch<Arch, mma::weight_bytes(kF)>(p.w, p.x, p.xs, p.n_tokens, p.y, p.ys, p.accumulate, stream);
     if (vector_path(p.w, p.x, p.xs))
-      linear_kernel<Arch, kF, true><<<grid, kThreads, 0, stream>>>(p);
+      QFLASH_LAUNCH(grid, kThreads, 0, stream, linear_kernel<Arch, kF, true>)(p);
     else
-      linear_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(p);
+      QFLASH_LAUNCH(grid, kThreads, 0, stream, linear_kernel<Arch, kF, false>)(p);
     return cuda::last_launch_status();
   } else {
     if (mma_blocks::usable(p.w, p.n_tokens))
@@ -310,7 +310,7 @@ Status launch_format(Params p, cudaStream_t stream) {
     Codes8 codes{};
     if (Status s = workspace_codes(p.n_tokens, padded_cols(p.w.cols), stream, codes); s != Status::kSuccess) return s;
     if (Status s = quantize<Arch>(rounding(kF), p.x, p.xs, p.w.cols, codes, stream); s != Status::kSuccess) return s;
-    linear_codes_kernel<Arch, kF><<<grid, kThreads, 0, stream>>>(p, codes);
+    QFLASH_LAUNCH(grid, kThreads, 0, stream, linear_codes_kernel<Arch, kF>)(p, codes);
     return cuda::last_launch_status();
   }
 }

@@ -44,6 +44,22 @@ __global__ void __launch_bounds__(256) split_kernel(float const* x, std::int64_t
   }
 }
 
+#ifdef QFLASH_CUDA_EMULATOR
+__device__ __forceinline__ void copy16(std::uint8_t* smem, void const* src, bool valid) {
+  ::qflash::emulator::async_copy(smem, src, 16, valid ? 16 : 0);
+}
+__device__ __forceinline__ void copy4(std::uint8_t* smem, void const* src, bool valid) {
+  ::qflash::emulator::async_copy(smem, src, 4, valid ? 4 : 0);
+}
+__device__ __forceinline__ void copy_commit() { ::qflash::emulator::async_commit(); }
+template <int kPending>
+__device__ __forceinline__ void copy_wait() {
+  ::qflash::emulator::async_wait(kPending);
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], std::uint32_t const (&a)[4], std::uint32_t const (&b)[2]) {
+  ::qflash::emulator::mma_bf16(c, a, b);
+}
+#else
 __device__ __forceinline__ void copy16(std::uint8_t* smem, void const* src, bool valid) {
   auto const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   // src-size 0 fills the 16 bytes with zeros and reads nothing.
@@ -68,6 +84,7 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], std::uint32_t const (&a)
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
 
 /// The warp's products of one stage: acc[j][mt][nt] += the tile's activations (every part, lo
 /// first) times matrix j's n-tile nt, over the stage's kBlockK columns.
@@ -227,7 +244,7 @@ __device__ __forceinline__ void store(float const (&acc)[kMTiles][kNTiles][4], s
 /// Grid: x weight-row tiles of kBlockN, y token tiles of 16 kMTiles (strided past gridDim.y).
 template <class Arch, int kMTiles, int kWBytes>
 __global__ void __launch_bounds__(kThreads) mma_kernel(Params const p) {
-  __shared__ alignas(16) std::uint8_t smem[2][Tile<kMTiles, 1, kWBytes>::kStageBytes];
+  __shared__ __align__(16) std::uint8_t smem[2][Tile<kMTiles, 1, kWBytes>::kStageBytes];
   constexpr int kBlockM = Tile<kMTiles, 1, kWBytes>::kBlockM;
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   std::int64_t const n = p.w.rows, k = p.w.cols;
@@ -259,7 +276,7 @@ Status split(float const* x, std::int64_t xs, std::int64_t m, std::int64_t k, st
   std::int64_t const elems = m * k;
   if (elems == 0) return Status::kSuccess;
   auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((elems + 255) / 256, 1 << 16));
-  split_kernel<Arch><<<blocks, 256, 0, stream>>>(x, xs, m, k, parts);
+  QFLASH_LAUNCH(blocks, 256, 0, stream, split_kernel<Arch>)(x, xs, m, k, parts);
   return cuda::last_launch_status();
 }
 
@@ -279,9 +296,9 @@ Status launch(WeightView const& w, float const* x, std::int64_t xs, std::int64_t
   };
   // Four m-tiles a CTA once there are tokens for them; one for a few dozen (decode batches).
   if (n_tokens > 32)
-    mma_kernel<Arch, 4, kWBytes><<<grid(16 * 4), kThreads, 0, stream>>>(p);
+    QFLASH_LAUNCH(grid(16 * 4), kThreads, 0, stream, mma_kernel<Arch, 4, kWBytes>)(p);
   else
-    mma_kernel<Arch, 1, kWBytes><<<grid(16), kThreads, 0, stream>>>(p);
+    QFLASH_LAUNCH(grid(16), kThreads, 0, stream, mma_kernel<Arch, 1, kWBytes>)(p);
   return cuda::last_launch_status();
 }
 

@@ -150,7 +150,7 @@ struct Params {
 template <class Arch, WeightFormat kF, int kMTiles>
 __global__ void __launch_bounds__(mma::kThreads, 1) mma_blocks_kernel(Params const p) {
   using T = Tile<kMTiles>;
-  __shared__ alignas(16) std::uint8_t smem[2][T::kStageBytes];
+  __shared__ __align__(16) std::uint8_t smem[2][T::kStageBytes];
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   std::int64_t const m = p.a.rows, n0 = static_cast<std::int64_t>(blockIdx.x) * mma::kBlockN + warp * 16;
   WeightView const w[1] = {p.w};
@@ -178,9 +178,9 @@ Status multiply(WeightView const& w, Activations const& a, float* y, std::int64_
   };
   // Four m-tiles a CTA once there are tokens for them; one for a few dozen (decode batches).
   if (m > 32)
-    mma_blocks_kernel<Arch, kF, 4><<<grid(Tile<4>::kBlockM), mma::kThreads, 0, stream>>>(p);
+    QFLASH_LAUNCH(grid(Tile<4>::kBlockM), mma::kThreads, 0, stream, mma_blocks_kernel<Arch, kF, 4>)(p);
   else
-    mma_blocks_kernel<Arch, kF, 1><<<grid(Tile<1>::kBlockM), mma::kThreads, 0, stream>>>(p);
+    QFLASH_LAUNCH(grid(Tile<1>::kBlockM), mma::kThreads, 0, stream, mma_blocks_kernel<Arch, kF, 1>)(p);
   return cuda::last_launch_status();
 }
 

@@ -147,7 +147,7 @@ Status quantize(Rounding r, float const* x, std::int64_t xs, std::int64_t cols, 
   if (a.rows == 0) return Status::kSuccess;
   std::int64_t const work = a.rows * ((a.k + block_size(r) - 1) / block_size(r));
   auto const blocks = static_cast<unsigned>(std::min<std::int64_t>((work + kRoundWarps - 1) / kRoundWarps, 1 << 16));
-  quantize_kernel<Arch, Code><<<blocks, 32 * kRoundWarps, 0, stream>>>(r, x, xs, cols, a);
+  QFLASH_LAUNCH(blocks, 32 * kRoundWarps, 0, stream, quantize_kernel<Arch, Code>)(r, x, xs, cols, a);
   return cuda::last_launch_status();
 }
 

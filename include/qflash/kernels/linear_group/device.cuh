@@ -96,10 +96,10 @@ Status launch(LinearGroupArgs const& a, stream_t stream_arg) {
                                 std::min<std::int64_t>((first.n_tokens + kTokens - 1) / kTokens, kMaxTokenTiles)));
     if constexpr (block_values(kF) == 1)
       if (vector_path(first.w, first.x, first.xs)) {
-        linear_group_kernel<Arch, kF, true><<<grid, kThreads, 0, stream>>>(g);
+        QFLASH_LAUNCH(grid, kThreads, 0, stream, linear_group_kernel<Arch, kF, true>)(g);
         return cuda::last_launch_status();
       }
-    linear_group_kernel<Arch, kF, false><<<grid, kThreads, 0, stream>>>(g);
+    QFLASH_LAUNCH(grid, kThreads, 0, stream, linear_group_kernel<Arch, kF, false>)(g);
     return cuda::last_launch_status();
   });
 }

@@ -92,7 +92,7 @@ Status launch(QkNormRopeArgs const& a, stream_t stream) {
   p.w_offset = a.weight_kind == NormWeight::kZeroCentered ? 1.0f : 0.0f;
   for (int j = 0; j < a.rotary_dim / 2; ++j) p.inv_freq[j] = rope_inv_freq(a.theta, j, a.rotary_dim);
   std::int64_t const blocks = std::min<std::int64_t>((items + kThreads / 32 - 1) / (kThreads / 32), kMaxBlocks);
-  qk_norm_rope_kernel<Arch><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  QFLASH_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream, qk_norm_rope_kernel<Arch>)(p);
   return cuda::last_launch_status();
 }
 

@@ -157,9 +157,9 @@ bool launch_fused(RouterTopkArgs const& a, cudaStream_t stream) {
   Status const s = linear_cuda::with_format<S>(a.gemv->gate.format, [&]<WeightFormat kF>() -> Status {
     if constexpr (block_values(kF) == 1) {
       if (linear_cuda::vector_path(p.gemv.w, p.gemv.x, p.gemv.xs))
-        fused_kernel<Arch, kF, true, kPerLane><<<blocks, kThreads, 0, stream>>>(p);
+        QFLASH_LAUNCH(blocks, kThreads, 0, stream, fused_kernel<Arch, kF, true, kPerLane>)(p);
       else
-        fused_kernel<Arch, kF, false, kPerLane><<<blocks, kThreads, 0, stream>>>(p);
+        QFLASH_LAUNCH(blocks, kThreads, 0, stream, fused_kernel<Arch, kF, false, kPerLane>)(p);
       return cuda::last_launch_status();
     } else {
       return Status::kErrorNotSupported;
@@ -187,15 +187,15 @@ Status launch(RouterTopkArgs const& args, stream_t stream_arg) {
   std::int64_t const blocks = std::min<std::int64_t>((a.n_tokens + kThreads / 32 - 1) / (kThreads / 32), kMaxBlocks);
   auto const grid = static_cast<unsigned>(blocks);
   if constexpr (S.n_expert != kDynamic) {
-    router_kernel<Arch, per_lane(S.n_expert)><<<grid, kThreads, 0, stream>>>(a);
+    QFLASH_LAUNCH(grid, kThreads, 0, stream, router_kernel<Arch, per_lane(S.n_expert)>)(a);
   } else {
     switch (per_lane(a.n_expert)) {
-      case 1: router_kernel<Arch, 1><<<grid, kThreads, 0, stream>>>(a); break;
-      case 2: router_kernel<Arch, 2><<<grid, kThreads, 0, stream>>>(a); break;
-      case 4: router_kernel<Arch, 4><<<grid, kThreads, 0, stream>>>(a); break;
-      case 8: router_kernel<Arch, 8><<<grid, kThreads, 0, stream>>>(a); break;
-      case 16: router_kernel<Arch, 16><<<grid, kThreads, 0, stream>>>(a); break;
-      default: router_kernel<Arch, 32><<<grid, kThreads, 0, stream>>>(a); break;
+      case 1: QFLASH_LAUNCH(grid, kThreads, 0, stream, router_kernel<Arch, 1>)(a); break;
+      case 2: QFLASH_LAUNCH(grid, kThreads, 0, stream, router_kernel<Arch, 2>)(a); break;
+      case 4: QFLASH_LAUNCH(grid, kThreads, 0, stream, router_kernel<Arch, 4>)(a); break;
+      case 8: QFLASH_LAUNCH(grid, kThreads, 0, stream, router_kernel<Arch, 8>)(a); break;
+      case 16: QFLASH_LAUNCH(grid, kThreads, 0, stream, router_kernel<Arch, 16>)(a); break;
+      default: QFLASH_LAUNCH(grid, kThreads, 0, stream, router_kernel<Arch, 32>)(a); break;
     }
   }
   return cuda::last_launch_status();

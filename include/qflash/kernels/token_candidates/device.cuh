@@ -13,13 +13,11 @@
 
 #include <cuda_runtime.h>
 
-#include <cub/block/block_radix_sort.cuh>
-#include <cub/block/block_reduce.cuh>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "qflash/kernels/common/cub.cuh"
 #include "qflash/kernels/common/cuda.cuh"
 #include "qflash/kernels/common/stream_workspace.cuh"
 #include "qflash/kernels/token_candidates/op.hpp"
@@ -264,14 +262,16 @@ Status launch(TokenCandidatesArgs const& a, stream_t stream) {
   p.n_in = tiles;
   p.out = bufs[0];
   p.last = false;
-  tile_kernel<Arch><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.rows)), kThreads, 0, stream>>>(p);
+  QFLASH_LAUNCH(dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.rows)), kThreads, 0, stream,
+                tile_kernel<Arch>)(p);
   if (Status s = cuda::last_launch_status(); s != Status::kSuccess) return s;
   for (int round = 0;; ++round) {
     int const groups = (p.n_in + p.per_cta - 1) / p.per_cta;
     p.in = bufs[round % 2];
     p.out = bufs[(round + 1) % 2];
     p.last = groups == 1;
-    merge_kernel<Arch><<<dim3(static_cast<unsigned>(groups), static_cast<unsigned>(a.rows)), kThreads, 0, stream>>>(p);
+    QFLASH_LAUNCH(dim3(static_cast<unsigned>(groups), static_cast<unsigned>(a.rows)), kThreads, 0, stream,
+                  merge_kernel<Arch>)(p);
     if (Status s = cuda::last_launch_status(); s != Status::kSuccess || p.last) return s;
     p.n_in = groups;
   }

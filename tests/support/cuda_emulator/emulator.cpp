@@ -113,7 +113,7 @@ struct Warp {
   std::array<Slot, 32> out{};
 };
 
-/// The block being run, and the host context its fibers return to.
+/// The block being run: its threads, warps, dynamic shared memory and the threads ready to run.
 struct Block {
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
@@ -131,7 +131,8 @@ std::vector<std::unique_ptr<Stack>> g_stacks;
 std::mutex g_launch_mutex;  // one launch at a time: the fibers share g_block
 thread_local cudaError_t g_last_error = cudaSuccess;
 
-std::map<void const*, int>& smem_limits() {
+std::mutex g_limits_mutex;
+std::map<void const*, int>& smem_limits() {  // under g_limits_mutex
   static std::map<void const*, int> limits;
   return limits;
 }
@@ -338,6 +339,7 @@ void launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, int sm
   }
   std::size_t const threads = std::size_t{block.x} * block.y * block.z;
   int const limit = [&] {
+    std::lock_guard lock(g_limits_mutex);
     auto const it = smem_limits().find(kernel);
     return it == smem_limits().end() ? static_cast<int>(kDefaultSmemLimit) : it->second;
   }();
@@ -418,7 +420,10 @@ void mma_tf32(float (&c)[4], float const (&a)[4], float const (&b)[2]) {
   mma<test::Floats4, test::Floats2, test::emulate_mma_tf32>(c, a, b);
 }
 
-void set_smem_limit(void const* kernel, int bytes) { smem_limits()[kernel] = bytes; }
+void set_smem_limit(void const* kernel, int bytes) {
+  std::lock_guard lock(g_limits_mutex);
+  smem_limits()[kernel] = bytes;
+}
 
 }  // namespace qflash::emulator
 

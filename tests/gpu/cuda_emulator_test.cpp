@@ -1,10 +1,13 @@
 // The CUDA emulator's own semantics (tests/support/cuda_emulator), which the emulated GPU tests
-// rest on: coordinates, __syncthreads, the shuffles and __reduce_add_sync, mma.sync against a
-// plain product, cp.async landing only at its wait, the CUB collectives, launch refusals.
+// rest on: coordinates, __syncthreads, the shuffles and __reduce_add_sync, the warp reductions
+// as the shuffles' butterfly, mma.sync against a plain product, cp.async landing only at its
+// wait, the CUB collectives, launch refusals, and stream capture's rules and graph updates.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -38,6 +41,31 @@ __global__ void shuffle_kernel(int* out) {
   o[2] = __shfl_down_sync(0xffffffffu, lane, 3);
   o[3] = __shfl_up_sync(0xffffffffu, lane, 2, 16);
   o[4] = __reduce_add_sync(0xffffffffu, lane);
+}
+
+/// Each lane's warp_sum, warp_max and warp_min (one collective each on the emulator) and the
+/// same butterflies spelled as five shuffles.
+__global__ void butterfly_kernel(float const* in, float* out) {
+  namespace cuda = qflash::kernels::cuda;
+  int const t = static_cast<int>(threadIdx.x);
+  float const v = in[t];
+  float* o = out + 6 * t;
+  o[0] = cuda::warp_sum(v);
+  o[1] = cuda::warp_max(v);
+  o[2] = cuda::warp_min(v);
+  float sum = v, max = v, min = v;
+  for (int m = 16; m > 0; m /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    max = fmaxf(max, __shfl_xor_sync(0xffffffffu, max, m));
+    min = fminf(min, __shfl_xor_sync(0xffffffffu, min, m));
+  }
+  o[3] = sum, o[4] = max, o[5] = min;
+}
+
+/// out[i] += 1 for i < n.
+__global__ void increment_kernel(int* out, int n) {
+  int const i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] += 1;
 }
 
 /// One m16n8k16 tile: A[i][k] = i + k, B[k][j] = k - j (exact in bf16), placed in the
@@ -125,6 +153,33 @@ TEST_CASE("CUDA emulator: shuffles and __reduce_add_sync take the lanes the ISA 
   cudaFree(out);
 }
 
+TEST_CASE("CUDA emulator: warp_sum, warp_max and warp_min are the shuffles' butterfly, bit for bit") {
+  // Values of very different sizes and a NaN: the order of the additions shows in the sums,
+  // and fmaxf/fminf pass a NaN over.
+  std::vector<float> in(64);
+  for (std::size_t i = 0; i < in.size(); ++i)
+    in[i] = std::ldexp(static_cast<float>(i * 2654435761u % 1000) - 500.0f, static_cast<int>(i % 7) * 4 - 12);
+  in[37] = NAN;
+  float *d_in = nullptr, *d_out = nullptr;
+  REQUIRE(cudaMalloc(&d_in, in.size() * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_out, in.size() * 6 * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d_in, in.data(), in.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  QFLASH_LAUNCH(1, 64, 0, nullptr, butterfly_kernel)(d_in, d_out);
+  auto const got = run_and_read(d_out, in.size() * 6);
+  auto const bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
+  for (std::size_t t = 0; t < in.size(); ++t) {
+    CAPTURE(t);
+    float const* o = &got[6 * t];
+    for (int op = 0; op < 3; ++op) CHECK(bits(o[op]) == bits(o[op + 3]));
+  }
+  // Lanes of one warp agree; the first warp's sum is no plain left-to-right sum's bits.
+  CHECK(bits(got[0]) == bits(got[6 * 31]));
+  CHECK(std::isnan(got[6 * 32]));  // the second warp's sum has the NaN
+  CHECK(got[6 * 32 + 1] == *std::max_element(in.begin() + 32, in.begin() + 37));
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
 TEST_CASE("CUDA emulator: mma.sync m16n8k16 equals the plain product") {
   float* out = nullptr;
   REQUIRE(cudaMalloc(&out, 16 * 8 * sizeof(float)) == cudaSuccess);
@@ -200,4 +255,161 @@ TEST_CASE("CUDA emulator: launches a GPU would refuse are refused") {
   CHECK(cudaGetLastError() == cudaSuccess);
   CHECK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) ==
         cudaErrorInvalidValue);  // beyond an A100's 163 KiB
+}
+
+TEST_CASE("CUDA emulator: a captured stream's work runs when its graph is launched, with updated arguments") {
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+  constexpr int kN = 40;
+  int *a = nullptr, *b = nullptr, *host = nullptr;
+  REQUIRE(cudaMalloc(&a, kN * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&b, kN * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMallocHost(&host, kN * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMemset(a, 0, kN * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMemset(b, 0, kN * sizeof(int)) == cudaSuccess);
+  // Captures: increment `target`, then copy it to the pinned host buffer.
+  auto capture = [&](int* target) {
+    REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    QFLASH_LAUNCH(2, 32, 0, s, increment_kernel)(target, kN);
+    REQUIRE(cudaMemcpyAsync(host, target, kN * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    cudaGraph_t g = nullptr;
+    REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
+    REQUIRE(g != nullptr);
+    return g;
+  };
+  cudaGraph_t const on_a = capture(a);
+  CHECK(run_and_read(a, kN)[0] == 0);  // captured, not run
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, on_a, 0) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(run_and_read(a, kN)[kN - 1] == 2);
+  CHECK(host[kN - 1] == 2);
+
+  // The same nodes on `b`: the update takes the new arguments.
+  cudaGraph_t const on_b = capture(b);
+  cudaGraphExecUpdateResultInfo info{};
+  REQUIRE(cudaGraphExecUpdate(exec, on_b, &info) == cudaSuccess);
+  CHECK(info.result == cudaGraphExecUpdateSuccess);
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  CHECK(run_and_read(a, kN)[0] == 2);
+  CHECK(run_and_read(b, kN)[0] == 1);
+
+  // Another shape of work (one more node; a memcpy where a kernel was; a copy to device memory
+  // where it went to the host) is refused, and the executable graph runs as before.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  QFLASH_LAUNCH(1, 64, 0, s, increment_kernel)(b, kN);
+  QFLASH_LAUNCH(1, 64, 0, s, increment_kernel)(b, kN);
+  REQUIRE(cudaMemcpyAsync(host, b, kN * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  cudaGraph_t longer = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &longer) == cudaSuccess);
+  CHECK(cudaGraphExecUpdate(exec, longer, &info) == cudaErrorGraphExecUpdateFailure);
+  CHECK(info.result == cudaGraphExecUpdateErrorTopologyChanged);
+  CHECK(cudaGetLastError() == cudaErrorGraphExecUpdateFailure);
+
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(a, b, kN * sizeof(int), cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(host, b, kN * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  cudaGraph_t retyped = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &retyped) == cudaSuccess);
+  CHECK(cudaGraphExecUpdate(exec, retyped, &info) == cudaErrorGraphExecUpdateFailure);
+  CHECK(info.result == cudaGraphExecUpdateErrorNodeTypeChanged);
+
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  QFLASH_LAUNCH(2, 32, 0, s, increment_kernel)(b, kN);
+  REQUIRE(cudaMemcpyAsync(a, b, kN * sizeof(int), cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+  cudaGraph_t to_device = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &to_device) == cudaSuccess);
+  CHECK(cudaGraphExecUpdate(exec, to_device, &info) == cudaErrorGraphExecUpdateFailure);
+  CHECK(info.result == cudaGraphExecUpdateErrorParametersChanged);
+  static_cast<void>(cudaGetLastError());
+
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);  // still the update on b
+  CHECK(run_and_read(b, kN)[0] == 2);
+  CHECK(run_and_read(a, kN)[0] == 2);
+
+  for (cudaGraph_t g : {on_a, on_b, longer, retyped, to_device}) cudaGraphDestroy(g);
+  cudaGraphExecDestroy(exec);
+  cudaFreeHost(host);
+  cudaFree(a);
+  cudaFree(b);
+  cudaStreamDestroy(s);
+}
+
+TEST_CASE("CUDA emulator: calls a stream capture forbids fail, and break the capture") {
+  cudaStream_t s = nullptr, other = nullptr, independent = nullptr;
+  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&other) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&independent, cudaStreamNonBlocking) == cudaSuccess);
+  int* d = nullptr;
+  REQUIRE(cudaMalloc(&d, 64 * sizeof(int)) == cudaSuccess);
+  int host[64] = {};
+  auto status = [&](cudaStream_t st) {
+    cudaStreamCaptureStatus c = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(st, &c) == cudaSuccess);
+    return c;
+  };
+  // Begins a capture of s with a kernel in it; `breaks` is the call under test and what it returns.
+  auto check_breaks = [&](char const* what, auto breaks, cudaError_t returned) {
+    CAPTURE(what);
+    static_cast<void>(cudaGetLastError());
+    REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    QFLASH_LAUNCH(1, 64, 0, s, increment_kernel)(d, 64);
+    CHECK(breaks() == returned);
+    CHECK(status(s) == cudaStreamCaptureStatusInvalidated);
+    // Later work on the stream is refused, and the capture ends with an error and no graph.
+    QFLASH_LAUNCH(1, 64, 0, s, increment_kernel)(d, 64);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
+    cudaGraph_t g = reinterpret_cast<cudaGraph_t>(&host);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+    CHECK(g == nullptr);
+    CHECK(status(s) == cudaStreamCaptureStatusNone);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
+  };
+  check_breaks("the legacy stream's synchronous copy", [&] {
+    return cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost);
+  }, cudaErrorStreamCaptureImplicit);
+  check_breaks("a kernel on the legacy stream", [&] {
+    QFLASH_LAUNCH(1, 64, 0, nullptr, increment_kernel)(d, 64);
+    return cudaGetLastError();
+  }, cudaErrorStreamCaptureImplicit);
+  check_breaks("an async copy on the legacy stream", [&] {
+    return cudaMemsetAsync(d, 0, sizeof host, nullptr);
+  }, cudaErrorStreamCaptureImplicit);
+  check_breaks("synchronizing the captured stream", [&] { return cudaStreamSynchronize(s); },
+               cudaErrorStreamCaptureUnsupported);
+  check_breaks("synchronizing the device", [&] { return cudaDeviceSynchronize(); },
+               cudaErrorStreamCaptureUnsupported);
+  cudaEvent_t e = nullptr;
+  REQUIRE(cudaEventCreate(&e) == cudaSuccess);
+  check_breaks("synchronizing an event recorded in the capture", [&] {
+    REQUIRE(cudaEventRecord(e, s) == cudaSuccess);
+    return cudaEventSynchronize(e);
+  }, cudaErrorStreamCaptureUnsupported);
+  cudaEventDestroy(e);
+
+  // Nothing of the broken captures ran.
+  CHECK(run_and_read(d, 64)[0] != 1);
+
+  // Other streams go on: a blocking one that is not captured, and a non-blocking one with the
+  // legacy stream; a capture of a non-blocking stream lets the legacy stream be used.
+  REQUIRE(cudaMemset(d, 0, 64 * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  QFLASH_LAUNCH(1, 64, 0, other, increment_kernel)(d, 64);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaStreamSynchronize(other) == cudaSuccess);
+  cudaGraph_t g = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
+  cudaGraphDestroy(g);
+  REQUIRE(cudaStreamBeginCapture(independent, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  CHECK(cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(host[0] == 1);
+  REQUIRE(cudaStreamEndCapture(independent, &g) == cudaSuccess);
+  cudaGraphDestroy(g);
+  CHECK(cudaStreamEndCapture(s, &g) == cudaErrorIllegalState);  // not capturing
+  static_cast<void>(cudaGetLastError());
+
+  cudaFree(d);
+  for (cudaStream_t st : {s, other, independent}) cudaStreamDestroy(st);
 }

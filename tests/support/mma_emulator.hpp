@@ -19,6 +19,20 @@ using Acc = std::array<float, 4>;
 inline float bf16_lo(std::uint32_t word) { return to_float(Bf16{static_cast<std::uint16_t>(word & 0xFFFF)}); }
 inline float bf16_hi(std::uint32_t word) { return to_float(Bf16{static_cast<std::uint16_t>(word >> 16)}); }
 
+/// C += A B over the warp's accumulator registers (c[r] of lane g * 4 + t is
+/// C[g + 8 (r / 2)][2t + r % 2]): each element's products added in k's order.
+template <int K>
+void accumulate(std::array<Acc, 32>& c, float const (&A)[16][K], float const (&B)[K][8]) {
+  float C[16][8];
+  for (int lane = 0; lane < 32; ++lane)
+    for (int r = 0; r < 4; ++r) C[(lane >> 2) + 8 * (r / 2)][2 * (lane % 4) + r % 2] = c[lane][r];
+  for (int i = 0; i < 16; ++i)
+    for (int k = 0; k < K; ++k)
+      for (int j = 0; j < 8; ++j) C[i][j] += A[i][k] * B[k][j];
+  for (int lane = 0; lane < 32; ++lane)
+    for (int r = 0; r < 4; ++r) c[lane][r] = C[(lane >> 2) + 8 * (r / 2)][2 * (lane % 4) + r % 2];
+}
+
 /// c += a b, each register's values placed where the PTX ISA's fragment tables put them
 /// ("Matrix Fragments for mma.m16n8k16 with floating point type"; g = lane >> 2, t = lane % 4):
 ///   A 16x16: register r holds A[g + 8 (r % 2)][2t + 8 (r / 2) + {0, 1}] (low half first);
@@ -37,15 +51,7 @@ inline void emulate_mma(std::array<Acc, 32>& c, std::array<Regs4, 32> const& a, 
       B[2 * t + 8 * r + 1][g] = bf16_hi(b[lane][r]);
     }
   }
-  for (int lane = 0; lane < 32; ++lane) {
-    int const g = lane >> 2, t = lane % 4;
-    for (int r = 0; r < 4; ++r) {
-      int const i = g + 8 * (r / 2), j = 2 * t + r % 2;
-      float s = c[lane][r];
-      for (int k = 0; k < 16; ++k) s += A[i][k] * B[k][j];
-      c[lane][r] = s;
-    }
-  }
+  accumulate<16>(c, A, B);
 }
 
 using Floats4 = std::array<float, 4>;
@@ -65,15 +71,7 @@ inline void emulate_mma_tf32(std::array<Acc, 32>& c, std::array<Floats4, 32> con
     for (int r = 0; r < 4; ++r) A[g + 8 * (r % 2)][t + 4 * (r / 2)] = a[lane][r];
     for (int r = 0; r < 2; ++r) B[t + 4 * r][g] = b[lane][r];
   }
-  for (int lane = 0; lane < 32; ++lane) {
-    int const g = lane >> 2, t = lane % 4;
-    for (int r = 0; r < 4; ++r) {
-      int const i = g + 8 * (r / 2), j = 2 * t + r % 2;
-      float s = c[lane][r];
-      for (int k = 0; k < 8; ++k) s += A[i][k] * B[k][j];
-      c[lane][r] = s;
-    }
-  }
+  accumulate<8>(c, A, B);
 }
 
 /// c += a b as tf32::mma_3x does: each operand split into its tf32 parts, small products

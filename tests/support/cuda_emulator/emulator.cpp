@@ -6,6 +6,7 @@
 
 #include <boost/context/fiber.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,22 +14,42 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "mma_emulator.hpp"
 
+namespace qflash::emulator {
+/// One piece of a stream's work; recorded while the stream is being captured, as a graph's node
+/// (qflash captures one stream, so a graph is a chain of them).
+enum class NodeType { kKernel, kMemcpy, kMemset };
+struct Node {
+  NodeType type;
+  int operands = 0;  // a memcpy's memory types (source, destination), which an update may not change
+  std::function<void()> run;
+};
+/// Runs `node` on `stream` now, or records it while the stream is being captured; fails as
+/// CUDA does on a stream whose capture an invalid call broke, and on the legacy stream while a
+/// blocking stream is being captured.
+cudaError_t submit(cudaStream_t stream, Node node);
+}  // namespace qflash::emulator
+
 struct CUstream_st {
-  std::vector<std::function<void()>>* capture = nullptr;  // the graph being captured, if any
+  bool blocking = true;  // created without cudaStreamNonBlocking: ordered after the legacy stream
+  std::vector<qflash::emulator::Node>* capture = nullptr;  // the graph being captured, if any
+  // An invalid call during the capture (from any host thread): it ends with an error.
+  std::atomic<bool> invalidated = false;
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point at{};
+  cudaStream_t captured_on = nullptr;  // last recorded into this stream's capture, if so
 };
 struct CUgraph_st {
-  std::vector<std::function<void()>> ops;
+  std::vector<qflash::emulator::Node> nodes;
 };
 struct CUgraphExec_st {
-  std::vector<std::function<void()>> ops;
+  std::vector<qflash::emulator::Node> nodes;
 };
 
 namespace qflash::emulator {
@@ -51,10 +72,11 @@ constexpr std::size_t kSmemOptInLimit = 163 << 10;
 constexpr int kMultiprocessors = 8;
 constexpr std::size_t kGlobalBytes = std::size_t{16} << 30;
 
-/// A fiber's stack, with an inaccessible page below it (an overflow faults).
+/// A fiber's stack, with an inaccessible page below it (an overflow faults). Its top lies
+/// `offset` bytes into its last page: the stacks' hot tops then fall in different cache sets.
 class Stack {
  public:
-  Stack() {
+  explicit Stack(std::size_t offset) : offset_(offset) {
     base_ = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base_ == MAP_FAILED) fail("cannot map a fiber stack");
     mprotect(base_, kGuardBytes, PROT_NONE);
@@ -65,14 +87,15 @@ class Stack {
   /// Boost.Context's stack allocator interface, over this one stack.
   boost::context::stack_context allocate() {
     boost::context::stack_context s;
-    s.size = kStackBytes;
-    s.sp = static_cast<char*>(base_) + kGuardBytes + kStackBytes;
+    s.size = kStackBytes - offset_;
+    s.sp = static_cast<char*>(base_) + kGuardBytes + kStackBytes - offset_;
     return s;
   }
   void deallocate(boost::context::stack_context&) {}
 
  private:
   void* base_;
+  std::size_t offset_;
 };
 
 /// A Stack lent to one fiber.
@@ -96,22 +119,33 @@ struct Copy {
 enum class State { kReady, kAtBarrier, kAtWarp, kDone };
 
 struct Fiber {
-  boost::context::fiber context;    // the thread's, while it is suspended
-  boost::context::fiber scheduler;  // the scheduler's, while the thread runs
+  boost::context::fiber context;  // the thread's, while it is suspended
   Coordinates at;
   int linear = 0;
   State state = State::kReady;
   std::vector<Copy> uncommitted;
-  std::deque<std::vector<Copy>> committed;
+  std::vector<std::vector<Copy>> committed;  // oldest group first
 };
+
+/// What a lane hands to a warp collective (a shuffle's value, an mma.sync's fragments).
+using Slot = std::array<std::uint32_t, 12>;
 
 struct Warp {
   unsigned arrived = 0;
   unsigned mask = 0;
-  Combine combine = nullptr;
-  std::array<Slot, 32> in{};
-  std::array<Slot, 32> out{};
+  std::uintptr_t kind = 0;  // which collective the arrived lanes are at
+  // Collectives completed. Deposits and results alternate between two buffers by it: a lane
+  // reads the collective's buffer right after it, before it can arrive at the next one, so the
+  // collective after that (the only one that writes the same buffer again) cannot overwrite it.
+  unsigned generation = 0;
+  std::array<std::array<Slot, 32>, 2> in{};
+  std::array<std::array<Slot, 32>, 2> out{};
+  std::array<std::array<float, 32>, 2> butterfly{};  // warp_butterfly's values, then its results
 };
+
+/// The last lane to arrive at a collective that has one runs it over the warp's deposits in
+/// `buffer`.
+using Combine = void (*)(Warp& w, int buffer, unsigned mask);
 
 /// The block being run: its threads, warps, dynamic shared memory and the threads ready to run.
 struct Block {
@@ -123,7 +157,12 @@ struct Block {
   Fiber* current = nullptr;
   int live = 0;
   int at_barrier = 0;
-  std::string name;
+  dim3 index;  // blockIdx
+
+  /// "block (x, y, z)", for messages.
+  [[nodiscard]] std::string name() const {
+    return "block (" + std::to_string(index.x) + ", " + std::to_string(index.y) + ", " + std::to_string(index.z) + ")";
+  }
 };
 
 Block* g_block = nullptr;
@@ -137,9 +176,38 @@ std::map<void const*, int>& smem_limits() {  // under g_limits_mutex
   return limits;
 }
 
+// Threads switch to one another directly (one context switch per suspension, not two through
+// the scheduler). A context that switches away names where it is kept (g_keep); the context
+// it resumes stores it there first thing.
+boost::context::fiber g_scheduler;        // run_block's context, while threads run
+boost::context::fiber* g_keep = nullptr;  // where the context that just switched away goes
+boost::context::fiber g_returned;         // a returned thread's (empty) context
+
+void keep(boost::context::fiber&& from) { *g_keep = std::move(from); }
+
+/// Switches to `to`, keeping this context in `self` until something resumes it.
+void switch_to(boost::context::fiber& to, boost::context::fiber& self) {
+  g_keep = &self;
+  keep(std::move(to).resume());
+}
+
+/// The next ready thread's context (that thread becomes the current one), or the scheduler's
+/// when none is ready.
+boost::context::fiber& next_context() {
+  Block& b = *g_block;
+  if (b.ready.empty()) {
+    b.current = nullptr;
+    return g_scheduler;
+  }
+  b.current = b.ready.front();
+  b.ready.pop_front();
+  return b.current->context;
+}
+
+/// Suspends the current thread (its state says why) and runs the next.
 void yield() {
   Fiber& f = *g_block->current;
-  f.scheduler = std::move(f.scheduler).resume();
+  switch_to(next_context(), f.context);
 }
 
 void make_ready(Fiber& f) {
@@ -153,18 +221,19 @@ void release_barrier() {
   g_block->at_barrier = 0;
 }
 
-boost::context::fiber fiber_entry(Fiber& f, boost::context::fiber&& scheduler) {
-  f.scheduler = std::move(scheduler);
+boost::context::fiber fiber_entry(Fiber& f, boost::context::fiber&& from) {
+  keep(std::move(from));
   (*g_block->body)();
   f.state = State::kDone;
   --g_block->live;
   // Threads that have returned no longer hold a barrier back.
   if (g_block->at_barrier > 0 && g_block->at_barrier == g_block->live) release_barrier();
-  return std::move(f.scheduler);
+  g_keep = &g_returned;
+  return std::move(next_context());
 }
 
 std::string describe_deadlock(Block const& b) {
-  std::string s = b.name + " deadlocked: ";
+  std::string s = b.name() + " deadlocked: ";
   int barrier = 0, done = 0;
   for (Fiber const& f : b.fibers) barrier += f.state == State::kAtBarrier, done += f.state == State::kDone;
   s += std::to_string(barrier) + " threads wait at __syncthreads, " + std::to_string(done) + " have returned";
@@ -178,7 +247,7 @@ std::string describe_deadlock(Block const& b) {
   return s;
 }
 
-void run_block(Block& b, dim3 block_idx) {
+void run_block(Block& b) {
   int const n = static_cast<int>(b.fibers.size());
   std::fill(b.shared.begin(), b.shared.end(), std::byte{0xff});
   for (Warp& w : b.warps) w.arrived = 0;
@@ -187,7 +256,7 @@ void run_block(Block& b, dim3 block_idx) {
     Fiber& f = b.fibers[i];
     f.context = boost::context::fiber(std::allocator_arg, LentStack(*g_stacks[i]),
                                       [&f](boost::context::fiber&& s) { return fiber_entry(f, std::move(s)); });
-    f.at.block_idx = {block_idx.x, block_idx.y, block_idx.z};
+    f.at.block_idx = {b.index.x, b.index.y, b.index.z};
     f.uncommitted.clear();
     f.committed.clear();
     f.state = State::kReady;
@@ -197,9 +266,7 @@ void run_block(Block& b, dim3 block_idx) {
   b.at_barrier = 0;
   while (b.live > 0) {
     if (b.ready.empty()) fail(describe_deadlock(b));
-    b.current = b.ready.front();
-    b.ready.pop_front();
-    b.current->context = std::move(b.current->context).resume();
+    switch_to(next_context(), g_scheduler);
   }
 }
 
@@ -211,7 +278,7 @@ void run_launch(dim3 grid, dim3 block, std::size_t smem, std::function<void()> c
   b.fibers.resize(n);
   b.warps.resize((n + 31) / 32);
   b.shared.resize(smem);
-  while (static_cast<int>(g_stacks.size()) < n) g_stacks.push_back(std::make_unique<Stack>());
+  while (static_cast<int>(g_stacks.size()) < n) g_stacks.push_back(std::make_unique<Stack>(g_stacks.size() % 64 * 64));
   for (int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
     f.linear = i;
@@ -223,8 +290,8 @@ void run_launch(dim3 grid, dim3 block, std::size_t smem, std::function<void()> c
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
-        b.name = "block (" + std::to_string(x) + ", " + std::to_string(y) + ", " + std::to_string(z) + ")";
-        run_block(b, dim3(x, y, z));
+        b.index = dim3(x, y, z);
+        run_block(b);
       }
   g_block = nullptr;
 }
@@ -236,20 +303,80 @@ void perform(std::vector<Copy> const& group) {
   }
 }
 
-template <int kKind>
-void shuffle_combine(std::array<Slot, 32> const& in, std::array<Slot, 32>& out, unsigned mask) {
-  for (int lane = 0; lane < 32; ++lane) {
-    if (!(mask >> lane & 1)) continue;
-    int const arg = static_cast<int>(in[lane][10]), width = static_cast<int>(in[lane][11]);
-    int const base = lane & ~(width - 1), within = lane - base;
-    int src = lane;
-    if constexpr (kKind == kShuffleXor) src = base + ((within ^ arg) & (width - 1));
-    if constexpr (kKind == kShuffleIndex) src = base + (arg & (width - 1));
-    if constexpr (kKind == kShuffleUp) src = within >= arg ? lane - arg : lane;
-    if constexpr (kKind == kShuffleDown) src = within + arg < width ? lane + arg : lane;
-    if (!(mask >> src & 1)) fail("a shuffle reads lane " + std::to_string(src) + ", which is not in its mask");
-    out[lane] = in[src];
+/// The current thread at a warp collective: its warp, lane, and the buffer of this collective.
+struct Arrival {
+  Warp& warp;
+  int lane;
+  int buffer;
+};
+
+/// Checks the current thread's arrival at a collective of `kind` over `mask`; the caller then
+/// deposits into warp.in[buffer][lane] and calls complete().
+Arrival arrive(unsigned mask, std::uintptr_t kind) {
+  Block& b = *g_block;
+  Fiber const& f = *b.current;
+  int const lane = f.linear % 32;
+  Warp& w = b.warps[f.linear / 32];
+  if (!(mask >> lane & 1))
+    fail(b.name() + ": lane " + std::to_string(lane) + " calls a warp collective without its own bit in the mask");
+  if (w.arrived == 0) {
+    w.mask = mask;
+    w.kind = kind;
+  } else if (w.mask != mask || w.kind != kind) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, ": lanes of warp %d meet at different warp collectives (masks 0x%08x and 0x%08x)",
+                  f.linear / 32, w.mask, mask);
+    fail(b.name() + buf);
   }
+  return {w, lane, static_cast<int>(w.generation & 1)};
+}
+
+/// The current thread has deposited; the last lane in the mask runs `combine` (if any) and
+/// goes on, the others wait for it.
+void complete(Arrival const& a, unsigned mask, Combine combine) {
+  Warp& w = a.warp;
+  w.arrived |= 1u << a.lane;
+  if ((w.arrived & mask) != mask) {
+    g_block->current->state = State::kAtWarp;
+    yield();
+    return;
+  }
+  if (combine) combine(w, a.buffer, mask);
+  w.arrived = 0;
+  ++w.generation;
+  Fiber* const lanes = &g_block->fibers[static_cast<std::size_t>(&w - g_block->warps.data()) * 32];
+  for (int l = 0; l < 32; ++l)
+    if (l != a.lane && (mask >> l & 1)) make_ready(lanes[l]);
+}
+
+/// A collective's identity for the check that a warp's lanes meet at the same one.
+template <auto kWhich>
+std::uintptr_t kind_of() {
+  static char const tag = 0;
+  return reinterpret_cast<std::uintptr_t>(&tag);
+}
+
+template <ButterflyOp kOp>
+void butterfly(Warp& w, int buffer, unsigned) {
+  std::array<float, 32>& v = w.butterfly[buffer];
+  for (int m = 16; m > 0; m /= 2) {
+    std::array<float, 32> next;
+    for (int l = 0; l < 32; ++l) {
+      if constexpr (kOp == kButterflySum) next[l] = v[l] + v[l ^ m];
+      if constexpr (kOp == kButterflyMax) next[l] = std::fmax(v[l], v[l ^ m]);
+      if constexpr (kOp == kButterflyMin) next[l] = std::fmin(v[l], v[l ^ m]);
+    }
+    v = next;
+  }
+}
+
+/// A collective that has the last lane run `combine` over every lane's deposit: each lane gets
+/// its own result back.
+Slot warp_collective(unsigned mask, Combine combine, Slot const& in) {
+  Arrival const a = arrive(mask, reinterpret_cast<std::uintptr_t>(combine));
+  a.warp.in[a.buffer][a.lane] = in;
+  complete(a, mask, combine);
+  return a.warp.out[a.buffer][a.lane];
 }
 
 }  // namespace
@@ -269,62 +396,46 @@ void sync_block() {
   yield();
 }
 
-Slot warp_collective(unsigned mask, Combine combine, Slot const& in) {
-  Block& b = *g_block;
-  Fiber& f = *b.current;
-  int const lane = f.linear % 32;
-  Warp& w = b.warps[f.linear / 32];
-  if (!(mask >> lane & 1))
-    fail(b.name + ": lane " + std::to_string(lane) + " calls a warp collective without its own bit in the mask");
-  if (w.arrived == 0) {
-    w.mask = mask;
-    w.combine = combine;
-  } else if (w.mask != mask || w.combine != combine) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, ": lanes of warp %d meet at different warp collectives (masks 0x%08x and 0x%08x)",
-                  f.linear / 32, w.mask, mask);
-    fail(b.name + buf);
-  }
-  w.in[lane] = in;
-  w.arrived |= 1u << lane;
-  if ((w.arrived & mask) == mask) {
-    combine(w.in, w.out, mask);
-    w.arrived = 0;
-    for (int l = 0; l < 32; ++l)
-      if (l != lane && (mask >> l & 1)) make_ready(b.fibers[f.linear / 32 * 32 + l]);
-    return w.out[lane];
-  }
-  f.state = State::kAtWarp;
-  yield();
-  return w.out[lane];
-}
+void sync_warp(unsigned mask) { complete(arrive(mask, kind_of<&sync_warp>()), mask, nullptr); }
 
-Slot shuffle(unsigned mask, Slot const& v, int kind, int arg, int width) {
-  Slot in = v;
-  in[10] = static_cast<std::uint32_t>(arg);
-  in[11] = static_cast<std::uint32_t>(width);
+void const* shuffle(unsigned mask, void const* v, std::size_t bytes, ShuffleKind kind, int arg, int width) {
   if (width < 1 || width > 32 || (width & (width - 1)))
     fail("shuffle width " + std::to_string(width) + " is not a power of 2 up to 32");
-  Combine const combine = kind == kShuffleXor     ? shuffle_combine<kShuffleXor>
-                          : kind == kShuffleIndex ? shuffle_combine<kShuffleIndex>
-                          : kind == kShuffleUp    ? shuffle_combine<kShuffleUp>
-                                                  : shuffle_combine<kShuffleDown>;
-  return warp_collective(mask, combine, in);
+  static char const kinds[4] = {};
+  Arrival const a = arrive(mask, reinterpret_cast<std::uintptr_t>(&kinds[kind]));
+  std::memcpy(a.warp.in[a.buffer][a.lane].data(), v, bytes);
+  complete(a, mask, nullptr);
+  int const lane = a.lane, base = lane & ~(width - 1), within = lane - base;
+  int src = lane;
+  switch (kind) {
+    case kShuffleXor: src = base + ((within ^ arg) & (width - 1)); break;
+    case kShuffleIndex: src = base + (arg & (width - 1)); break;
+    case kShuffleUp: src = within >= arg ? lane - arg : lane; break;
+    case kShuffleDown: src = within + arg < width ? lane + arg : lane; break;
+  }
+  if (!(mask >> src & 1))
+    fail(g_block->name() + ": a shuffle reads lane " + std::to_string(src) + ", which is not in its mask");
+  return a.warp.in[a.buffer][src].data();
 }
 
 std::uint32_t reduce_add(unsigned mask, std::uint32_t v) {
-  Slot in{};
-  in[0] = v;
-  Slot const out = warp_collective(
-      mask,
-      [](std::array<Slot, 32> const& lanes, std::array<Slot, 32>& result, unsigned m) {
-        std::uint32_t sum = 0;
-        for (int l = 0; l < 32; ++l)
-          if (m >> l & 1) sum += lanes[l][0];
-        for (int l = 0; l < 32; ++l) result[l][0] = sum;
-      },
-      in);
-  return out[0];
+  Arrival const a = arrive(mask, kind_of<&reduce_add>());
+  a.warp.in[a.buffer][a.lane][0] = v;
+  complete(a, mask, nullptr);
+  std::uint32_t sum = 0;
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1) sum += a.warp.in[a.buffer][l][0];
+  return sum;
+}
+
+float warp_butterfly(float v, ButterflyOp op) {
+  Combine const combine = op == kButterflySum   ? butterfly<kButterflySum>
+                          : op == kButterflyMax ? butterfly<kButterflyMax>
+                                                : butterfly<kButterflyMin>;
+  Arrival const a = arrive(0xffffffffu, reinterpret_cast<std::uintptr_t>(combine));
+  a.warp.butterfly[a.buffer][a.lane] = v;
+  complete(a, 0xffffffffu, combine);
+  return a.warp.butterfly[a.buffer][a.lane];
 }
 
 void* dynamic_shared() { return g_block->shared.data(); }
@@ -355,11 +466,9 @@ void launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, int sm
     g_last_error = cudaErrorInvalidValue;
     return;
   }
-  if (stream && stream->capture) {
-    stream->capture->push_back([grid, block, smem, body = std::move(body)] { run_launch(grid, block, smem, body); });
-    return;
-  }
-  run_launch(grid, block, smem, body);
+  submit(stream, {NodeType::kKernel, 0, [grid, block, smem, body = std::move(body)] {
+                   run_launch(grid, block, smem, body);
+                 }});
 }
 
 void async_copy(void* dst, void const* src, int bytes, int src_bytes) {
@@ -367,7 +476,7 @@ void async_copy(void* dst, void const* src, int bytes, int src_bytes) {
     return reinterpret_cast<std::uintptr_t>(p) % static_cast<unsigned>(bytes) != 0;
   };
   if (misaligned(dst) || (src_bytes && misaligned(src)))
-    fail(g_block->name + ": cp.async of " + std::to_string(bytes) + " bytes at a misaligned address");
+    fail(g_block->name() + ": cp.async of " + std::to_string(bytes) + " bytes at a misaligned address");
   g_block->current->uncommitted.push_back({dst, src, bytes, src_bytes});
 }
 void async_commit() {
@@ -379,7 +488,7 @@ void async_wait(int pending) {
   Fiber& f = *g_block->current;
   while (static_cast<int>(f.committed.size()) > pending) {
     perform(f.committed.front());
-    f.committed.pop_front();
+    f.committed.erase(f.committed.begin());
   }
 }
 
@@ -388,17 +497,17 @@ namespace {
 /// The last lane to arrive at an mma.sync: every lane's c from every lane's fragments (words 0-3
 /// a, 4-5 b, 6-9 c).
 template <class FragA, class FragB, auto kEmulate>
-void mma_combine(std::array<Slot, 32> const& lanes, std::array<Slot, 32>& result, unsigned) {
+void mma_combine(Warp& w, int buffer, unsigned) {
   std::array<test::Acc, 32> acc;
   std::array<FragA, 32> a;
   std::array<FragB, 32> b;
   for (int l = 0; l < 32; ++l) {
-    std::memcpy(a[l].data(), &lanes[l][0], 16);
-    std::memcpy(b[l].data(), &lanes[l][4], 8);
-    std::memcpy(acc[l].data(), &lanes[l][6], 16);
+    std::memcpy(a[l].data(), &w.in[buffer][l][0], 16);
+    std::memcpy(b[l].data(), &w.in[buffer][l][4], 8);
+    std::memcpy(acc[l].data(), &w.in[buffer][l][6], 16);
   }
   kEmulate(acc, a, b);
-  for (int l = 0; l < 32; ++l) std::memcpy(&result[l][0], acc[l].data(), 16);
+  for (int l = 0; l < 32; ++l) std::memcpy(&w.out[buffer][l][0], acc[l].data(), 16);
 }
 
 template <class FragA, class FragB, auto kEmulate>
@@ -433,9 +542,17 @@ namespace {
 
 using qflash::emulator::g_last_error;
 
+/// Where an address lies, as a memcpy node's operands have it (host memory, pinned or not, or
+/// the device's), which an update may not change.
+enum Memory { kHost, kDevice };
+struct Allocation {
+  std::size_t bytes;
+  Memory memory;
+};
+
 std::mutex g_memory_mutex;
-std::map<void*, std::size_t>& allocations() {
-  static std::map<void*, std::size_t> a;
+std::map<char const*, Allocation>& allocations() {  // under g_memory_mutex
+  static std::map<char const*, Allocation> a;
   return a;
 }
 std::size_t g_allocated = 0;
@@ -445,14 +562,14 @@ cudaError_t record(cudaError_t e) {
   return e;
 }
 
-cudaError_t allocate(void** p, std::size_t size) {
+cudaError_t allocate(void** p, std::size_t size, Memory memory) {
   if (!p) return record(cudaErrorInvalidValue);
   std::lock_guard lock(g_memory_mutex);
   if (g_allocated + size > qflash::emulator::kGlobalBytes) return record(cudaErrorMemoryAllocation);
   *p = std::aligned_alloc(256, (std::max<std::size_t>(size, 1) + 255) / 256 * 256);
   if (!*p) return record(cudaErrorMemoryAllocation);
   std::memset(*p, 0xff, size);  // uninitialized device memory reads as NaN
-  allocations()[*p] = size;
+  allocations()[static_cast<char const*>(*p)] = {size, memory};
   g_allocated += size;
   return cudaSuccess;
 }
@@ -460,34 +577,86 @@ cudaError_t allocate(void** p, std::size_t size) {
 cudaError_t release(void* p) {
   if (!p) return cudaSuccess;
   std::lock_guard lock(g_memory_mutex);
-  auto const it = allocations().find(p);
+  auto const it = allocations().find(static_cast<char const*>(p));
   if (it == allocations().end()) return record(cudaErrorInvalidValue);
-  g_allocated -= it->second;
+  g_allocated -= it->second.bytes;
   allocations().erase(it);
   std::free(p);
   return cudaSuccess;
 }
 
-/// Runs op now, or records it when the stream is being captured.
-cudaError_t on_stream(cudaStream_t stream, std::function<void()> op) {
+Memory memory_of(void const* p) {
+  std::lock_guard lock(g_memory_mutex);
+  auto const c = static_cast<char const*>(p);
+  auto it = allocations().upper_bound(c);
+  if (it == allocations().begin()) return kHost;
+  --it;
+  return c < it->first + std::max<std::size_t>(it->second.bytes, 1) ? it->second.memory : kHost;
+}
+
+// Streams being captured, on every host thread.
+std::mutex g_capture_mutex;
+std::set<cudaStream_t>& capturing() {  // under g_capture_mutex
+  static std::set<cudaStream_t> s;
+  return s;
+}
+
+/// A use of the legacy stream. While a blocking stream is being captured it is invalid, and
+/// breaks that capture (CUDA's cudaErrorStreamCaptureImplicit).
+cudaError_t use_legacy_stream() {
+  std::lock_guard lock(g_capture_mutex);
+  bool invalid = false;
+  for (cudaStream_t s : capturing())
+    if (s->blocking) s->invalidated = invalid = true;
+  return invalid ? record(cudaErrorStreamCaptureImplicit) : cudaSuccess;
+}
+
+/// A call that may not be made on a stream being captured (a synchronization): it breaks the
+/// capture and fails.
+cudaError_t forbidden_in_capture(cudaStream_t s) {
+  std::lock_guard lock(g_capture_mutex);
+  s->invalidated = true;
+  return record(cudaErrorStreamCaptureUnsupported);
+}
+
+/// cudaMallocAsync and cudaFreeAsync make memory nodes in a capture, which are not emulated
+/// (qflash's steps allocate nothing: kernels/common/stream_workspace.cuh).
+cudaError_t stream_ordered_memory(cudaStream_t stream) {
   if (stream && stream->capture)
-    stream->capture->push_back(std::move(op));
-  else
-    op();
-  return cudaSuccess;
+    qflash::emulator::fail("cudaMallocAsync or cudaFreeAsync on a stream being captured");
+  return stream ? cudaSuccess : use_legacy_stream();
 }
 
 }  // namespace
 
+cudaError_t qflash::emulator::submit(cudaStream_t stream, Node node) {
+  if (!stream) {
+    if (cudaError_t const e = use_legacy_stream(); e != cudaSuccess) return e;
+  } else if (stream->capture) {
+    if (stream->invalidated) return record(cudaErrorStreamCaptureInvalidated);
+    stream->capture->push_back(std::move(node));
+    return cudaSuccess;
+  }
+  node.run();
+  return cudaSuccess;
+}
+
 extern "C" {
 
-cudaError_t cudaMalloc(void** p, std::size_t size) { return allocate(p, size); }
-cudaError_t cudaMallocManaged(void** p, std::size_t size, unsigned) { return allocate(p, size); }
-cudaError_t cudaMallocHost(void** p, std::size_t size) { return allocate(p, size); }
-cudaError_t cudaMallocAsync(void** p, std::size_t size, cudaStream_t) { return allocate(p, size); }
+cudaError_t cudaMalloc(void** p, std::size_t size) { return allocate(p, size, kDevice); }
+cudaError_t cudaMallocManaged(void** p, std::size_t size, unsigned) { return allocate(p, size, kDevice); }
+cudaError_t cudaMallocHost(void** p, std::size_t size) { return allocate(p, size, kHost); }
+cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned) { return allocate(p, size, kHost); }
+cudaError_t cudaMallocAsync(void** p, std::size_t size, cudaStream_t stream) {
+  if (cudaError_t const e = stream_ordered_memory(stream); e != cudaSuccess) return e;
+  return allocate(p, size, kDevice);
+}
 cudaError_t cudaFree(void* p) { return release(p); }
 cudaError_t cudaFreeHost(void* p) { return release(p); }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return release(p); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (cudaError_t const e = stream_ordered_memory(stream); e != cudaSuccess) return e;
+  return release(p);
+}
 
 cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
   std::lock_guard lock(g_memory_mutex);
@@ -497,20 +666,23 @@ cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
 }
 
 cudaError_t cudaMemcpy(void* dst, void const* src, std::size_t n, cudaMemcpyKind) {
+  if (cudaError_t const e = use_legacy_stream(); e != cudaSuccess) return e;
   if (n) std::memmove(dst, src, n);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, void const* src, std::size_t n, cudaMemcpyKind, cudaStream_t stream) {
-  return on_stream(stream, [=] {
-    if (n) std::memmove(dst, src, n);
-  });
+  int const operands = memory_of(src) * 2 + memory_of(dst);
+  return qflash::emulator::submit(stream, {qflash::emulator::NodeType::kMemcpy, operands, [=] {
+                                             if (n) std::memmove(dst, src, n);
+                                           }});
 }
 cudaError_t cudaMemset(void* p, int value, std::size_t n) {
+  if (cudaError_t const e = use_legacy_stream(); e != cudaSuccess) return e;
   std::memset(p, value, n);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t stream) {
-  return on_stream(stream, [=] { std::memset(p, value, n); });
+  return qflash::emulator::submit(stream, {qflash::emulator::NodeType::kMemset, 0, [=] { std::memset(p, value, n); }});
 }
 
 cudaError_t cudaGetDeviceCount(int* n) {
@@ -550,7 +722,11 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     default: return record(cudaErrorInvalidValue);
   }
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard lock(g_capture_mutex);
+  for (cudaStream_t s : capturing()) s->invalidated = true;
+  return capturing().empty() ? cudaSuccess : record(cudaErrorStreamCaptureUnsupported);
+}
 
 cudaError_t cudaFuncSetAttribute(void const* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
@@ -571,6 +747,10 @@ char const* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorNoKernelImageForDevice: return "cudaErrorNoKernelImageForDevice";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorGraphExecUpdateFailure: return "cudaErrorGraphExecUpdateFailure";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
     default: return "cudaError (emulated)";
   }
 }
@@ -580,13 +760,19 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
   *s = new CUstream_st;
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  *s = new CUstream_st;
+  (*s)->blocking = !(flags & cudaStreamNonBlocking);
+  return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s && s->capture) return record(cudaErrorStreamCaptureUnsupported);
   delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return s && s->capture ? record(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+  if (!s) return use_legacy_stream();
+  return s->capture ? forbidden_in_capture(s) : cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
@@ -598,10 +784,22 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
 }
+/// Recorded into a capture, an event only orders the captured work (no node, no time).
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
-  return on_stream(stream, [e] { e->at = std::chrono::steady_clock::now(); });
+  if (stream && stream->capture) {
+    if (stream->invalidated) return record(cudaErrorStreamCaptureInvalidated);
+    e->captured_on = stream;
+    return cudaSuccess;
+  }
+  if (!stream)
+    if (cudaError_t const err = use_legacy_stream(); err != cudaSuccess) return err;
+  e->captured_on = nullptr;
+  e->at = std::chrono::steady_clock::now();  // the stream's work before it is done
+  return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  return e->captured_on && e->captured_on->capture ? forbidden_in_capture(e->captured_on) : cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
   return cudaSuccess;
@@ -609,31 +807,61 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
   if (!s || s->capture) return record(cudaErrorStreamCaptureUnsupported);
-  s->capture = new std::vector<std::function<void()>>;
+  std::lock_guard lock(g_capture_mutex);
+  s->capture = new std::vector<qflash::emulator::Node>;
+  s->invalidated = false;
+  capturing().insert(s);
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
-  *status = s && s->capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  if (!s) {
+    if (cudaError_t const e = use_legacy_stream(); e != cudaSuccess) return e;
+    *status = cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+  }
+  *status = !s->capture       ? cudaStreamCaptureStatusNone
+            : s->invalidated ? cudaStreamCaptureStatusInvalidated
+                             : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
-  if (!s || !s->capture) return record(cudaErrorStreamCaptureUnsupported);
-  *graph = new CUgraph_st{std::move(*s->capture)};
-  delete s->capture;
-  s->capture = nullptr;
+  if (!s || !s->capture) return record(cudaErrorIllegalState);
+  std::lock_guard lock(g_capture_mutex);
+  capturing().erase(s);
+  std::unique_ptr<std::vector<qflash::emulator::Node>> const nodes(std::exchange(s->capture, nullptr));
+  if (s->invalidated) {
+    *graph = nullptr;
+    return record(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = new CUgraph_st{std::move(*nodes)};
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
-  *exec = new CUgraphExec_st{graph->ops};
+  *exec = new CUgraphExec_st{graph->nodes};
   return cudaSuccess;
 }
+/// Takes graph's parameters when its nodes are of the same types in the same order as exec's
+/// (and each memcpy's operands of the same memory types); else fails and leaves exec as it was.
 cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, cudaGraphExecUpdateResultInfo* info) {
-  exec->ops = graph->ops;
-  if (info) *info = cudaGraphExecUpdateResultInfo{};
+  cudaGraphExecUpdateResultInfo result{};
+  result.result = cudaGraphExecUpdateSuccess;
+  if (exec->nodes.size() != graph->nodes.size()) result.result = cudaGraphExecUpdateErrorTopologyChanged;
+  for (std::size_t i = 0; i < exec->nodes.size() && result.result == cudaGraphExecUpdateSuccess; ++i) {
+    if (exec->nodes[i].type != graph->nodes[i].type)
+      result.result = cudaGraphExecUpdateErrorNodeTypeChanged;
+    else if (exec->nodes[i].operands != graph->nodes[i].operands)
+      result.result = cudaGraphExecUpdateErrorParametersChanged;
+  }
+  if (info) *info = result;
+  if (result.result != cudaGraphExecUpdateSuccess) return record(cudaErrorGraphExecUpdateFailure);
+  exec->nodes = graph->nodes;
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
-  for (auto const& op : exec->ops) on_stream(stream, op);
+  if (stream && stream->capture) qflash::emulator::fail("a graph launched into a stream being captured");
+  if (!stream)
+    if (cudaError_t const e = use_legacy_stream(); e != cudaSuccess) return e;
+  for (auto const& node : exec->nodes) node.run();
   return cudaSuccess;
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {

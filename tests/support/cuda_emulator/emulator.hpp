@@ -9,9 +9,12 @@
 // blocks run one after another; shared memory is static storage (dynamic shared memory is
 // filled with 0xff each block, device allocations too: a read before a write shows as NaN);
 // cp.async copies land only at their cp.async.wait_group; mma.sync places fragments as
-// tests/support/mma_emulator.hpp (the PTX ISA's tables). What it does not: timing, the memory
-// model (no data race shows), the arch-specific paths behind __CUDA_ARCH__ (the host
-// fallbacks run), or whether the PTX itself is right.
+// tests/support/mma_emulator.hpp (the PTX ISA's tables). Streams run their work at once, or
+// record it while captured: what stream capture forbids (the legacy stream while a blocking
+// stream is captured, a synchronization of what is captured) fails and breaks the capture as
+// on a GPU, and a graph update takes only nodes of the same types. What it does not: timing,
+// the memory model (no data race shows), the arch-specific paths behind __CUDA_ARCH__ (the
+// host fallbacks run), or whether the PTX itself is right.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,12 +53,7 @@ struct Coordinates {
 Coordinates const& self();
 
 void sync_block();
-/// A warp collective: lanes in `mask` deposit `in`, the last to arrive runs `combine` over every
-/// lane's deposit (filling each lane's output), and each lane gets its own output back. Lanes
-/// meeting at different collectives, or a lane that never comes, stop the run with a message.
-using Slot = std::array<std::uint32_t, 12>;
-using Combine = void (*)(std::array<Slot, 32> const& in, std::array<Slot, 32>& out, unsigned mask);
-Slot warp_collective(unsigned mask, Combine combine, Slot const& in);
+void sync_warp(unsigned mask);
 void* dynamic_shared();
 
 /// Runs body as every thread of every block (or records it, on a stream being captured); sm: the
@@ -91,24 +89,25 @@ void async_wait(int pending);
 void mma_bf16(float (&c)[4], std::uint32_t const (&a)[4], std::uint32_t const (&b)[2]);
 void mma_tf32(float (&c)[4], float const (&a)[4], float const (&b)[2]);
 
-template <class T>
-Slot to_slot(T const& v) {
-  static_assert(sizeof(T) <= 40 && std::is_trivially_copyable_v<T>);  // a shuffle keeps words 10, 11
-  Slot s{};
-  std::memcpy(s.data(), &v, sizeof(T));
-  return s;
-}
-template <class T>
-T from_slot(Slot const& s) {
-  T v;
-  std::memcpy(&v, s.data(), sizeof(T));
-  return v;
-}
-/// __shfl_*_sync of up to 40 bytes.
-Slot shuffle(unsigned mask, Slot const& v, int kind, int arg, int width);
 enum ShuffleKind { kShuffleIndex, kShuffleXor, kShuffleUp, kShuffleDown };
+/// __shfl_*_sync of `bytes` (up to 48) at v: the source lane's bytes, valid until this lane's
+/// next warp collective.
+void const* shuffle(unsigned mask, void const* v, std::size_t bytes, ShuffleKind kind, int arg, int width);
+template <class T>
+T shuffle(unsigned mask, T const& v, ShuffleKind kind, int arg, int width) {
+  static_assert(sizeof(T) <= 48 && std::is_trivially_copyable_v<T>);
+  T out;
+  std::memcpy(&out, shuffle(mask, &v, sizeof(T), kind, arg, width), sizeof(T));
+  return out;
+}
 /// __reduce_add_sync: the 32-bit sum over the lanes in mask, to each of them.
 std::uint32_t reduce_add(unsigned mask, std::uint32_t v);
+
+/// A whole warp's xor butterfly (kernels/common/cuda.cuh's warp_sum, warp_max, warp_min) as one
+/// collective instead of five shuffles: each lane's result is what the five steps
+/// `v = op(v, __shfl_xor_sync(~0u, v, m))` for m = 16, 8, 4, 2, 1 give it, bit for bit.
+enum ButterflyOp { kButterflySum, kButterflyMax, kButterflyMin };
+float warp_butterfly(float v, ButterflyOp op);
 
 }  // namespace qflash::emulator
 
@@ -126,28 +125,26 @@ std::uint32_t reduce_add(unsigned mask, std::uint32_t v);
 #define QFLASH_DYNAMIC_SMEM(T, name) T* const name = static_cast<T*>(::qflash::emulator::dynamic_shared())
 
 inline void __syncthreads() { ::qflash::emulator::sync_block(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  ::qflash::emulator::warp_collective(mask, [](auto const&, auto&, unsigned) {}, {});
-}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::qflash::emulator::sync_warp(mask); }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   using namespace ::qflash::emulator;
-  return from_slot<T>(shuffle(mask, to_slot(v), kShuffleXor, lane_mask, width));
+  return shuffle(mask, v, kShuffleXor, lane_mask, width);
 }
 template <class T>
 T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
   using namespace ::qflash::emulator;
-  return from_slot<T>(shuffle(mask, to_slot(v), kShuffleIndex, src_lane, width));
+  return shuffle(mask, v, kShuffleIndex, src_lane, width);
 }
 template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   using namespace ::qflash::emulator;
-  return from_slot<T>(shuffle(mask, to_slot(v), kShuffleDown, static_cast<int>(delta), width));
+  return shuffle(mask, v, kShuffleDown, static_cast<int>(delta), width);
 }
 template <class T>
 T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   using namespace ::qflash::emulator;
-  return from_slot<T>(shuffle(mask, to_slot(v), kShuffleUp, static_cast<int>(delta), width));
+  return shuffle(mask, v, kShuffleUp, static_cast<int>(delta), width);
 }
 template <class T>
 T __reduce_add_sync(unsigned mask, T v) {

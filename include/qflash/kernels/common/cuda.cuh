@@ -19,21 +19,34 @@
 
 namespace qflash::kernels::cuda {
 
-/// The sum, max or min of v over the 32 lanes of a warp, returned to every lane.
+/// The sum, max or min of v over the 32 lanes of a warp, returned to every lane. (The emulator
+/// runs the same butterfly as one collective.)
 __device__ __forceinline__ float warp_sum(float v) {
+#ifdef QFLASH_CUDA_EMULATOR
+  return ::qflash::emulator::warp_butterfly(v, ::qflash::emulator::kButterflySum);
+#else
 #pragma unroll
   for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
+#endif
 }
 __device__ __forceinline__ float warp_max(float v) {
+#ifdef QFLASH_CUDA_EMULATOR
+  return ::qflash::emulator::warp_butterfly(v, ::qflash::emulator::kButterflyMax);
+#else
 #pragma unroll
   for (int m = 16; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
   return v;
+#endif
 }
 __device__ __forceinline__ float warp_min(float v) {
+#ifdef QFLASH_CUDA_EMULATOR
+  return ::qflash::emulator::warp_butterfly(v, ::qflash::emulator::kButterflyMin);
+#else
 #pragma unroll
   for (int m = 16; m > 0; m /= 2) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, m));
   return v;
+#endif
 }
 
 /// silu(x) = x * sigmoid(x) from e = e^{-|x|}, the CPU kernels' form (gdn::silu_f32): never

@@ -38,12 +38,14 @@ cudaError_t submit(cudaStream_t stream, Node node);
 struct CUstream_st {
   bool blocking = true;  // created without cudaStreamNonBlocking: ordered after the legacy stream
   std::vector<qflash::emulator::Node>* capture = nullptr;  // the graph being captured, if any
+  std::uint64_t capture_id = 0;                            // which capture, of all
   // An invalid call during the capture (from any host thread): it ends with an error.
   std::atomic<bool> invalidated = false;
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point at{};
-  cudaStream_t captured_on = nullptr;  // last recorded into this stream's capture, if so
+  cudaStream_t captured_on = nullptr;  // last recorded into this stream's capture, if so,
+  std::uint64_t capture_id = 0;        // into this one
 };
 struct CUgraph_st {
   std::vector<qflash::emulator::Node> nodes;
@@ -134,10 +136,12 @@ struct Warp {
   unsigned arrived = 0;
   unsigned mask = 0;
   std::uintptr_t kind = 0;  // which collective the arrived lanes are at
-  // Collectives completed. Deposits and results alternate between two buffers by it: a lane
-  // reads the collective's buffer right after it, before it can arrive at the next one, so the
-  // collective after that (the only one that writes the same buffer again) cannot overwrite it.
+  // Collectives completed. Deposits and results alternate between two buffers by it, so that
+  // the lanes of one collective read its buffer while the next collective fills the other.
   unsigned generation = 0;
+  // The lanes yet to read each buffer's last collective: a collective that would write a
+  // buffer waits for them (lanes outside a partial mask can move on two collectives first).
+  std::array<unsigned, 2> unread{};
   std::array<std::array<Slot, 32>, 2> in{};
   std::array<std::array<Slot, 32>, 2> out{};
   std::array<std::array<float, 32>, 2> butterfly{};  // warp_butterfly's values, then its results
@@ -250,7 +254,7 @@ std::string describe_deadlock(Block const& b) {
 void run_block(Block& b) {
   int const n = static_cast<int>(b.fibers.size());
   std::fill(b.shared.begin(), b.shared.end(), std::byte{0xff});
-  for (Warp& w : b.warps) w.arrived = 0;
+  for (Warp& w : b.warps) w.arrived = 0, w.unread = {};
   b.ready.clear();
   for (int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
@@ -311,12 +315,16 @@ struct Arrival {
 };
 
 /// Checks the current thread's arrival at a collective of `kind` over `mask`; the caller then
-/// deposits into warp.in[buffer][lane] and calls complete().
+/// deposits into warp.in[buffer][lane], calls complete(), reads, and calls consumed().
 Arrival arrive(unsigned mask, std::uintptr_t kind) {
   Block& b = *g_block;
-  Fiber const& f = *b.current;
+  Fiber& f = *b.current;
   int const lane = f.linear % 32;
   Warp& w = b.warps[f.linear / 32];
+  while (w.arrived == 0 && w.unread[w.generation & 1]) {  // the readers are ready: run them first
+    make_ready(f);
+    yield();
+  }
   if (!(mask >> lane & 1))
     fail(b.name() + ": lane " + std::to_string(lane) + " calls a warp collective without its own bit in the mask");
   if (w.arrived == 0) {
@@ -342,12 +350,16 @@ void complete(Arrival const& a, unsigned mask, Combine combine) {
     return;
   }
   if (combine) combine(w, a.buffer, mask);
+  w.unread[a.buffer] = mask;
   w.arrived = 0;
   ++w.generation;
   Fiber* const lanes = &g_block->fibers[static_cast<std::size_t>(&w - g_block->warps.data()) * 32];
   for (int l = 0; l < 32; ++l)
     if (l != a.lane && (mask >> l & 1)) make_ready(lanes[l]);
 }
+
+/// The current thread has read its collective's results.
+void consumed(Arrival const& a) { a.warp.unread[a.buffer] &= ~(1u << a.lane); }
 
 /// A collective's identity for the check that a warp's lanes meet at the same one.
 template <auto kWhich>
@@ -376,6 +388,7 @@ Slot warp_collective(unsigned mask, Combine combine, Slot const& in) {
   Arrival const a = arrive(mask, reinterpret_cast<std::uintptr_t>(combine));
   a.warp.in[a.buffer][a.lane] = in;
   complete(a, mask, combine);
+  consumed(a);
   return a.warp.out[a.buffer][a.lane];
 }
 
@@ -396,7 +409,11 @@ void sync_block() {
   yield();
 }
 
-void sync_warp(unsigned mask) { complete(arrive(mask, kind_of<&sync_warp>()), mask, nullptr); }
+void sync_warp(unsigned mask) {
+  Arrival const a = arrive(mask, kind_of<&sync_warp>());
+  complete(a, mask, nullptr);
+  consumed(a);
+}
 
 void const* shuffle(unsigned mask, void const* v, std::size_t bytes, ShuffleKind kind, int arg, int width) {
   if (width < 1 || width > 32 || (width & (width - 1)))
@@ -415,6 +432,7 @@ void const* shuffle(unsigned mask, void const* v, std::size_t bytes, ShuffleKind
   }
   if (!(mask >> src & 1))
     fail(g_block->name() + ": a shuffle reads lane " + std::to_string(src) + ", which is not in its mask");
+  consumed(a);
   return a.warp.in[a.buffer][src].data();
 }
 
@@ -425,6 +443,7 @@ std::uint32_t reduce_add(unsigned mask, std::uint32_t v) {
   std::uint32_t sum = 0;
   for (int l = 0; l < 32; ++l)
     if (mask >> l & 1) sum += a.warp.in[a.buffer][l][0];
+  consumed(a);
   return sum;
 }
 
@@ -435,6 +454,7 @@ float warp_butterfly(float v, ButterflyOp op) {
   Arrival const a = arrive(0xffffffffu, reinterpret_cast<std::uintptr_t>(combine));
   a.warp.butterfly[a.buffer][a.lane] = v;
   complete(a, 0xffffffffu, combine);
+  consumed(a);
   return a.warp.butterfly[a.buffer][a.lane];
 }
 
@@ -602,12 +622,16 @@ std::set<cudaStream_t>& capturing() {  // under g_capture_mutex
 }
 
 /// A use of the legacy stream. While a blocking stream is being captured it is invalid, and
-/// breaks that capture (CUDA's cudaErrorStreamCaptureImplicit).
-cudaError_t use_legacy_stream() {
+/// breaks that capture (CUDA's cudaErrorStreamCaptureImplicit); asking whether the legacy
+/// stream is being captured fails the same way but breaks nothing.
+cudaError_t use_legacy_stream(bool breaks = true) {
   std::lock_guard lock(g_capture_mutex);
   bool invalid = false;
   for (cudaStream_t s : capturing())
-    if (s->blocking) s->invalidated = invalid = true;
+    if (s->blocking) {
+      invalid = true;
+      if (breaks) s->invalidated = true;
+    }
   return invalid ? record(cudaErrorStreamCaptureImplicit) : cudaSuccess;
 }
 
@@ -789,6 +813,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (stream && stream->capture) {
     if (stream->invalidated) return record(cudaErrorStreamCaptureInvalidated);
     e->captured_on = stream;
+    e->capture_id = stream->capture_id;
     return cudaSuccess;
   }
   if (!stream)
@@ -798,7 +823,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  return e->captured_on && e->captured_on->capture ? forbidden_in_capture(e->captured_on) : cudaSuccess;
+  bool in_capture = false;
+  {
+    std::lock_guard lock(g_capture_mutex);
+    in_capture = capturing().contains(e->captured_on) && e->captured_on->capture_id == e->capture_id;
+  }
+  return in_capture ? forbidden_in_capture(e->captured_on) : cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
@@ -808,14 +838,16 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
   if (!s || s->capture) return record(cudaErrorStreamCaptureUnsupported);
   std::lock_guard lock(g_capture_mutex);
+  static std::uint64_t captures = 0;  // under g_capture_mutex
   s->capture = new std::vector<qflash::emulator::Node>;
+  s->capture_id = ++captures;
   s->invalidated = false;
   capturing().insert(s);
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
   if (!s) {
-    if (cudaError_t const e = use_legacy_stream(); e != cudaSuccess) return e;
+    if (cudaError_t const e = use_legacy_stream(false); e != cudaSuccess) return e;
     *status = cudaStreamCaptureStatusNone;
     return cudaSuccess;
   }

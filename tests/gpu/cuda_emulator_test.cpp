@@ -295,17 +295,27 @@ TEST_CASE("CUDA emulator: a captured stream's work runs when its graph is launch
   REQUIRE(cudaMallocHost(&host, kN * sizeof(int)) == cudaSuccess);
   REQUIRE(cudaMemset(a, 0, kN * sizeof(int)) == cudaSuccess);
   REQUIRE(cudaMemset(b, 0, kN * sizeof(int)) == cudaSuccess);
-  // Captures: increment `target`, then copy it to the pinned host buffer.
-  auto capture = [&](int* target) {
+  // The graph of what `enqueue` puts on s.
+  auto capture = [&](auto enqueue) {
     REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
-    QFLASH_LAUNCH(2, 32, 0, s, increment_kernel)(target, kN);
-    REQUIRE(cudaMemcpyAsync(host, target, kN * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    enqueue();
     cudaGraph_t g = nullptr;
     REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
     REQUIRE(g != nullptr);
     return g;
   };
-  cudaGraph_t const on_a = capture(a);
+  auto increment = [&](int* target) { QFLASH_LAUNCH(2, 32, 0, s, increment_kernel)(target, kN); };
+  auto copy = [&](int* to, int const* from) {
+    REQUIRE(cudaMemcpyAsync(to, from, kN * sizeof(int), cudaMemcpyDefault, s) == cudaSuccess);
+  };
+  // Increments `target`, then copies it to the pinned host buffer.
+  auto increment_and_copy_to_host = [&](int* target) {
+    return capture([&] {
+      increment(target);
+      copy(host, target);
+    });
+  };
+  cudaGraph_t const on_a = increment_and_copy_to_host(a);
   CHECK(run_and_read(a, kN)[0] == 0);  // captured, not run
   cudaGraphExec_t exec = nullptr;
   REQUIRE(cudaGraphInstantiate(&exec, on_a, 0) == cudaSuccess);
@@ -316,7 +326,7 @@ TEST_CASE("CUDA emulator: a captured stream's work runs when its graph is launch
   CHECK(host[kN - 1] == 2);
 
   // The same nodes on `b`: the update takes the new arguments.
-  cudaGraph_t const on_b = capture(b);
+  cudaGraph_t const on_b = increment_and_copy_to_host(b);
   cudaGraphExecUpdateResultInfo info{};
   REQUIRE(cudaGraphExecUpdate(exec, on_b, &info) == cudaSuccess);
   CHECK(info.result == cudaGraphExecUpdateSuccess);
@@ -326,31 +336,27 @@ TEST_CASE("CUDA emulator: a captured stream's work runs when its graph is launch
 
   // Another shape of work (one more node; a memcpy where a kernel was; a copy to device memory
   // where it went to the host) is refused, and the executable graph runs as before.
-  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
-  QFLASH_LAUNCH(1, 64, 0, s, increment_kernel)(b, kN);
-  QFLASH_LAUNCH(1, 64, 0, s, increment_kernel)(b, kN);
-  REQUIRE(cudaMemcpyAsync(host, b, kN * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess);
-  cudaGraph_t longer = nullptr;
-  REQUIRE(cudaStreamEndCapture(s, &longer) == cudaSuccess);
-  CHECK(cudaGraphExecUpdate(exec, longer, &info) == cudaErrorGraphExecUpdateFailure);
-  CHECK(info.result == cudaGraphExecUpdateErrorTopologyChanged);
+  auto refused_update = [&](cudaGraph_t g) {
+    CHECK(cudaGraphExecUpdate(exec, g, &info) == cudaErrorGraphExecUpdateFailure);
+    return info.result;
+  };
+  cudaGraph_t const longer = capture([&] {
+    increment(b);
+    increment(b);
+    copy(host, b);
+  });
+  CHECK(refused_update(longer) == cudaGraphExecUpdateErrorTopologyChanged);
   CHECK(cudaGetLastError() == cudaErrorGraphExecUpdateFailure);
-
-  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
-  REQUIRE(cudaMemcpyAsync(a, b, kN * sizeof(int), cudaMemcpyDeviceToDevice, s) == cudaSuccess);
-  REQUIRE(cudaMemcpyAsync(host, b, kN * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess);
-  cudaGraph_t retyped = nullptr;
-  REQUIRE(cudaStreamEndCapture(s, &retyped) == cudaSuccess);
-  CHECK(cudaGraphExecUpdate(exec, retyped, &info) == cudaErrorGraphExecUpdateFailure);
-  CHECK(info.result == cudaGraphExecUpdateErrorNodeTypeChanged);
-
-  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
-  QFLASH_LAUNCH(2, 32, 0, s, increment_kernel)(b, kN);
-  REQUIRE(cudaMemcpyAsync(a, b, kN * sizeof(int), cudaMemcpyDeviceToDevice, s) == cudaSuccess);
-  cudaGraph_t to_device = nullptr;
-  REQUIRE(cudaStreamEndCapture(s, &to_device) == cudaSuccess);
-  CHECK(cudaGraphExecUpdate(exec, to_device, &info) == cudaErrorGraphExecUpdateFailure);
-  CHECK(info.result == cudaGraphExecUpdateErrorParametersChanged);
+  cudaGraph_t const retyped = capture([&] {
+    copy(a, b);
+    copy(host, b);
+  });
+  CHECK(refused_update(retyped) == cudaGraphExecUpdateErrorNodeTypeChanged);
+  cudaGraph_t const to_device = capture([&] {
+    increment(b);
+    copy(a, b);
+  });
+  CHECK(refused_update(to_device) == cudaGraphExecUpdateErrorParametersChanged);
   static_cast<void>(cudaGetLastError());
 
   REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);  // still the update on b

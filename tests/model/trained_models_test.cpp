@@ -94,7 +94,7 @@ TEST_CASE("trained models: logits and greedy continuation equal transformers'") 
 #ifdef NDEBUG
 constexpr bool kSlowBuild = false;
 #else
-constexpr bool kSlowBuild = true;  // 8 minutes of the 2-core CI under ASan; the release preset runs it
+constexpr bool kSlowBuild = true;  // 8 minutes of the 2-core CI under ASan; the ci preset runs it
 #endif
 
 TEST_CASE("trained models: validation perplexity equals the trainer's within 0.5%" * doctest::skip(kSlowBuild)) {

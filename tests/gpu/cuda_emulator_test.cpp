@@ -1,7 +1,8 @@
 // The CUDA emulator's own semantics (tests/support/cuda_emulator), which the emulated GPU tests
-// rest on: coordinates, __syncthreads, the shuffles and __reduce_add_sync, the warp reductions
-// as the shuffles' butterfly, mma.sync against a plain product, cp.async landing only at its
-// wait, the CUB collectives, launch refusals, and stream capture's rules and graph updates.
+// rest on: coordinates, __syncthreads, threads run again for each block, the shuffles and
+// __reduce_add_sync, the warp reductions as the shuffles' butterfly (several values at once
+// too), mma.sync against a plain product, cp.async landing only at its wait, the CUB
+// collectives, launch refusals, and stream capture's rules and graph updates.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -60,6 +61,38 @@ __global__ void butterfly_kernel(float const* in, float* out) {
     min = fminf(min, __shfl_xor_sync(0xffffffffu, min, m));
   }
   o[3] = sum, o[4] = max, o[5] = min;
+}
+
+/// warp_sums over a 2x3 array and over 4 values (one collective each on the emulator), and the
+/// same values' butterflies spelled as shuffles, one value after another.
+__global__ void sums_kernel(float const* in, float* out) {
+  namespace cuda = qflash::kernels::cuda;
+  int const t = static_cast<int>(threadIdx.x);
+  float grid[2][3], row[4];
+  for (int i = 0; i < 6; ++i) grid[i / 3][i % 3] = in[(t + 7 * i) % 64] * static_cast<float>(i + 1);
+  for (int i = 0; i < 4; ++i) row[i] = in[(t + 11 * i) % 64] - static_cast<float>(i);
+  float* o = out + 20 * t;
+  for (int i = 0; i < 10; ++i) {
+    float v = i < 6 ? grid[i / 3][i % 3] : row[i - 6];
+    for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+    o[10 + i] = v;
+  }
+  cuda::warp_sums(grid);
+  cuda::warp_sums(row);
+  for (int i = 0; i < 6; ++i) o[i] = grid[i / 3][i % 3];
+  for (int i = 0; i < 4; ++i) o[6 + i] = row[i];
+}
+
+/// Threads past 16 per block index return at once; the others count themselves, meet at a
+/// barrier, and write the count. Every block starts with all its threads.
+__global__ void early_return_kernel(int* out) {
+  __shared__ int kept;
+  if (threadIdx.x == 0) kept = 0;
+  __syncthreads();
+  if (threadIdx.x >= 16 * (blockIdx.x + 1)) return;
+  atomicAdd(&kept, 1);
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = kept;
 }
 
 /// A full warp's __reduce_add_sync, then two shuffles of lanes 0-15 only: those lanes can reach
@@ -150,6 +183,21 @@ TEST_CASE("CUDA emulator: coordinates, barriers and shared memory per block") {
   cudaFree(out);
 }
 
+TEST_CASE("CUDA emulator: threads run again for each block, whether they returned early or not") {
+  int* out = nullptr;
+  REQUIRE(cudaMalloc(&out, 4 * 64 * sizeof(int)) == cudaSuccess);  // 0xff bytes: -1
+  QFLASH_LAUNCH(4, 64, 0, nullptr, early_return_kernel)(out);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  auto const got = run_and_read(out, 4 * 64);
+  for (int b = 0; b < 4; ++b)
+    for (int t = 0; t < 64; ++t) {
+      CAPTURE(b);
+      CAPTURE(t);
+      CHECK(got[static_cast<std::size_t>(b * 64 + t)] == (t < 16 * (b + 1) ? 16 * (b + 1) : -1));
+    }
+  cudaFree(out);
+}
+
 TEST_CASE("CUDA emulator: shuffles and __reduce_add_sync take the lanes the ISA names") {
   int* out = nullptr;
   REQUIRE(cudaMalloc(&out, 64 * 5 * sizeof(int)) == cudaSuccess);
@@ -191,6 +239,31 @@ TEST_CASE("CUDA emulator: warp_sum, warp_max and warp_min are the shuffles' butt
   others.erase(others.begin() + 5);
   CHECK(got[6 * 32 + 1] == *std::max_element(others.begin(), others.end()));
   CHECK(got[6 * 32 + 2] == *std::min_element(others.begin(), others.end()));
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+TEST_CASE("CUDA emulator: warp_sums of several values are each value's shuffles' butterfly, bit for bit") {
+  std::vector<float> in(64);
+  for (std::size_t i = 0; i < in.size(); ++i)
+    in[i] = std::ldexp(static_cast<float>(i * 2654435761u % 1000) - 500.0f, static_cast<int>(i % 5) * 6 - 12);
+  float *d_in = nullptr, *d_out = nullptr;
+  REQUIRE(cudaMalloc(&d_in, in.size() * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_out, in.size() * 20 * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d_in, in.data(), in.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  QFLASH_LAUNCH(1, 64, 0, nullptr, sums_kernel)(d_in, d_out);
+  auto const got = run_and_read(d_out, in.size() * 20);
+  for (std::size_t t = 0; t < in.size(); ++t)
+    for (int i = 0; i < 10; ++i) {
+      CAPTURE(t);
+      CAPTURE(i);
+      CHECK(std::bit_cast<std::uint32_t>(got[20 * t + i]) == std::bit_cast<std::uint32_t>(got[20 * t + 10 + i]));
+    }
+  // Lane 0's first value is the sum of in[0..31]: within the butterfly's rounding (5 fp32
+  // additions deep, each value's error under 5u / (1 - 5u) of the magnitudes) of the exact sum.
+  double exact = 0, magnitude = 0;
+  for (std::size_t l = 0; l < 32; ++l) exact += in[l], magnitude += std::fabs(in[l]);
+  CHECK(std::fabs(got[0] - exact) <= 6 * 0x1p-24 * magnitude);
   cudaFree(d_in);
   cudaFree(d_out);
 }

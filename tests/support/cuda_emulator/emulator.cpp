@@ -144,14 +144,17 @@ struct Warp {
   std::array<unsigned, 2> unread{};
   std::array<std::array<Slot, 32>, 2> in{};
   std::array<std::array<Slot, 32>, 2> out{};
-  std::array<std::array<float, 32>, 2> butterfly{};  // warp_butterfly's values, then its results
+  // warp_butterfly's values, then its results, and how many values every lane brings.
+  std::array<std::array<std::array<float, kMaxButterflyValues>, 32>, 2> butterfly{};
+  std::array<int, 2> butterfly_values{};
 };
 
 /// The last lane to arrive at a collective that has one runs it over the warp's deposits in
 /// `buffer`.
 using Combine = void (*)(Warp& w, int buffer, unsigned mask);
 
-/// The block being run: its threads, warps, dynamic shared memory and the threads ready to run.
+/// The launch being run: its threads, warps, dynamic shared memory, the block they run and the
+/// threads ready to run.
 struct Block {
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
@@ -161,7 +164,8 @@ struct Block {
   Fiber* current = nullptr;
   int live = 0;
   int at_barrier = 0;
-  dim3 index;  // blockIdx
+  dim3 index;          // blockIdx
+  bool ended = false;  // the launch's blocks have all run: its threads return
 
   /// "block (x, y, z)", for messages.
   [[nodiscard]] std::string name() const {
@@ -183,7 +187,7 @@ std::map<void const*, int>& smem_limits() {  // under g_limits_mutex
 // Threads switch to one another directly (one context switch per suspension, not two through
 // the scheduler). A context that switches away names where it is kept (g_keep); the context
 // it resumes stores it there first thing.
-boost::context::fiber g_scheduler;        // run_block's context, while threads run
+boost::context::fiber g_scheduler;        // run_launch's context, while threads run
 boost::context::fiber* g_keep = nullptr;  // where the context that just switched away goes
 boost::context::fiber g_returned;         // a returned thread's (empty) context
 
@@ -225,13 +229,18 @@ void release_barrier() {
   g_block->at_barrier = 0;
 }
 
+/// A thread through a launch: the kernel's body for each block in turn, parked in between
+/// (run_block resumes it for the next block), then returns when the launch has ended.
 boost::context::fiber fiber_entry(Fiber& f, boost::context::fiber&& from) {
   keep(std::move(from));
-  (*g_block->body)();
-  f.state = State::kDone;
-  --g_block->live;
-  // Threads that have returned no longer hold a barrier back.
-  if (g_block->at_barrier > 0 && g_block->at_barrier == g_block->live) release_barrier();
+  while (!g_block->ended) {
+    (*g_block->body)();
+    f.state = State::kDone;
+    --g_block->live;
+    // Threads that have returned no longer hold a barrier back.
+    if (g_block->at_barrier > 0 && g_block->at_barrier == g_block->live) release_barrier();
+    switch_to(next_context(), f.context);
+  }
   g_keep = &g_returned;
   return std::move(next_context());
 }
@@ -258,8 +267,6 @@ void run_block(Block& b) {
   b.ready.clear();
   for (int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
-    f.context = boost::context::fiber(std::allocator_arg, LentStack(*g_stacks[i]),
-                                      [&f](boost::context::fiber&& s) { return fiber_entry(f, std::move(s)); });
     f.at.block_idx = {b.index.x, b.index.y, b.index.z};
     f.uncommitted.clear();
     f.committed.clear();
@@ -289,6 +296,8 @@ void run_launch(dim3 grid, dim3 block, std::size_t smem, std::function<void()> c
     f.at.thread_idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
     f.at.block_dim = block;
     f.at.grid_dim = grid;
+    f.context = boost::context::fiber(std::allocator_arg, LentStack(*g_stacks[i]),
+                                      [&f](boost::context::fiber&& s) { return fiber_entry(f, std::move(s)); });
   }
   g_block = &b;
   for (unsigned z = 0; z < grid.z; ++z)
@@ -297,6 +306,8 @@ void run_launch(dim3 grid, dim3 block, std::size_t smem, std::function<void()> c
         b.index = dim3(x, y, z);
         run_block(b);
       }
+  b.ended = true;
+  for (Fiber& f : b.fibers) switch_to(f.context, g_scheduler);
   g_block = nullptr;
 }
 
@@ -370,16 +381,21 @@ std::uintptr_t kind_of() {
 
 template <ButterflyOp kOp>
 void butterfly(Warp& w, int buffer, unsigned) {
-  std::array<float, 32>& v = w.butterfly[buffer];
-  for (int m = 16; m > 0; m /= 2) {
-    std::array<float, 32> next;
-    for (int l = 0; l < 32; ++l) {
-      if constexpr (kOp == kButterflySum) next[l] = v[l] + v[l ^ m];
-      if constexpr (kOp == kButterflyMax) next[l] = std::fmax(v[l], v[l ^ m]);
-      if constexpr (kOp == kButterflyMin) next[l] = std::fmin(v[l], v[l ^ m]);
-    }
-    v = next;
-  }
+  auto const op = [](float mine, float other) {
+    if constexpr (kOp == kButterflySum) return mine + other;
+    if constexpr (kOp == kButterflyMax) return std::fmax(mine, other);
+    if constexpr (kOp == kButterflyMin) return std::fmin(mine, other);
+  };
+  auto& v = w.butterfly[buffer];
+  int const n = w.butterfly_values[buffer];
+  for (int m = 16; m > 0; m /= 2)
+    for (int l = 0; l < 32; ++l)
+      if (!(l & m))  // lanes l and l ^ m trade values
+        for (int i = 0; i < n; ++i) {
+          float const mine = v[l][i], other = v[l ^ m][i];
+          v[l][i] = op(mine, other);
+          v[l ^ m][i] = op(other, mine);
+        }
 }
 
 /// A collective that has the last lane run `combine` over every lane's deposit: each lane gets
@@ -447,15 +463,28 @@ std::uint32_t reduce_add(unsigned mask, std::uint32_t v) {
   return sum;
 }
 
-float warp_butterfly(float v, ButterflyOp op) {
+void warp_butterfly(float* v, int n, ButterflyOp op) {
+  if (n < 1 || n > kMaxButterflyValues)
+    fail("a warp butterfly of " + std::to_string(n) + " values (1 to " + std::to_string(kMaxButterflyValues) + ")");
   Combine const combine = op == kButterflySum   ? butterfly<kButterflySum>
                           : op == kButterflyMax ? butterfly<kButterflyMax>
                                                 : butterfly<kButterflyMin>;
   Arrival const a = arrive(0xffffffffu, reinterpret_cast<std::uintptr_t>(combine));
-  a.warp.butterfly[a.buffer][a.lane] = v;
+  int& values = a.warp.butterfly_values[a.buffer];
+  if (a.warp.arrived == 0)
+    values = n;
+  else if (values != n)
+    fail(g_block->name() + ": lanes of a warp butterfly bring " + std::to_string(values) + " and " +
+         std::to_string(n) + " values");
+  std::copy_n(v, n, a.warp.butterfly[a.buffer][a.lane].begin());
   complete(a, 0xffffffffu, combine);
+  std::copy_n(a.warp.butterfly[a.buffer][a.lane].begin(), n, v);
   consumed(a);
-  return a.warp.butterfly[a.buffer][a.lane];
+}
+
+float warp_butterfly(float v, ButterflyOp op) {
+  warp_butterfly(&v, 1, op);
+  return v;
 }
 
 void* dynamic_shared() { return g_block->shared.data(); }

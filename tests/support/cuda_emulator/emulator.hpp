@@ -108,6 +108,10 @@ std::uint32_t reduce_add(unsigned mask, std::uint32_t v);
 /// `v = op(v, __shfl_xor_sync(~0u, v, m))` for m = 16, 8, 4, 2, 1 give it, bit for bit.
 enum ButterflyOp { kButterflySum, kButterflyMax, kButterflyMin };
 float warp_butterfly(float v, ButterflyOp op);
+inline constexpr int kMaxButterflyValues = 16;
+/// The butterfly of each of n values (kernels/common/cuda.cuh's warp_sums), in place, as one
+/// collective of the whole warp; every lane brings the same n, 1 to kMaxButterflyValues.
+void warp_butterfly(float* v, int n, ButterflyOp op);
 
 }  // namespace qflash::emulator
 

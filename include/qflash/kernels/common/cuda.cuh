@@ -48,6 +48,34 @@ __device__ __forceinline__ float warp_min(float v) {
   return v;
 #endif
 }
+/// warp_sum of each of v's values, in place: the values' butterflies step by step together
+/// (each value's sum as warp_sum's, bit for bit; on the emulator, one collective for all).
+template <int N>
+__device__ __forceinline__ void warp_sums(float (&v)[N]) {
+#ifdef QFLASH_CUDA_EMULATOR
+  static_assert(N <= ::qflash::emulator::kMaxButterflyValues);
+  ::qflash::emulator::warp_butterfly(v, N, ::qflash::emulator::kButterflySum);
+#else
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2)
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], m);
+#endif
+}
+template <int R, int C>
+__device__ __forceinline__ void warp_sums(float (&v)[R][C]) {
+#ifdef QFLASH_CUDA_EMULATOR
+  static_assert(R * C <= ::qflash::emulator::kMaxButterflyValues);
+  ::qflash::emulator::warp_butterfly(&v[0][0], R * C, ::qflash::emulator::kButterflySum);
+#else
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int c = 0; c < C; ++c) v[r][c] += __shfl_xor_sync(0xffffffffu, v[r][c], m);
+#endif
+}
 
 /// silu(x) = x * sigmoid(x) from e = e^{-|x|}, the CPU kernels' form (gdn::silu_f32): never
 /// overflows.

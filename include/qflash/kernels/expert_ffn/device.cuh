@@ -218,10 +218,10 @@ __global__ void __launch_bounds__(kThreads, 1) project_kernel(ProjectParams cons
       for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + x_row[tt] * p.xs;
       linear_cuda::lane_dot<kF, kAligned>(w_rows, w.cols, x, tile.n, lane, acc);
     }
+    cuda::warp_sums(acc);  // every lane takes part
 #pragma unroll
     for (int tt = 0; tt < kTokens; ++tt) {
-      float const a0 = cuda::warp_sum(acc[0][tt]);  // every lane takes part
-      float const a1 = cuda::warp_sum(acc[1][tt]);
+      float const a0 = acc[0][tt], a1 = acc[1][tt];
       if (lane != 0 || tt >= tile.n) continue;
       float* y = p.y + static_cast<std::int64_t>(tile.row + tt) * p.ys + o0;
       if constexpr (kPass == Pass::kGateUp) {
@@ -497,11 +497,13 @@ __global__ void __launch_bounds__(32 * kMaxCombineWarps) down_combine_kernel(Dow
       for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + row * p.xs;
       linear_cuda::lane_dot<kF, kAligned>(w_rows, w.cols, x, 1, lane, acc);
     }
+    float sum[kOut];
 #pragma unroll
-    for (int r = 0; r < kOut; ++r) {
-      float const a = cuda::warp_sum(acc[r][0]);
-      if (lane == 0) part[warp][r] = a;
-    }
+    for (int r = 0; r < kOut; ++r) sum[r] = acc[r][0];
+    cuda::warp_sums(sum);
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < kOut; ++r) part[warp][r] = sum[r];
   }
   __syncthreads();
   int const r = static_cast<int>(threadIdx.x);

@@ -238,13 +238,13 @@ __device__ __forceinline__ void linear_rows(Params const& p, Codes8 const& codes
       for (int tt = 0; tt < kTokens; ++tt) x[tt] = p.x + (t0 + (tt < nt ? tt : 0)) * p.xs;
       lane_dot<kF, kAligned>(rows, p.w.cols, x, nt, lane, acc);
     }
+    cuda::warp_sums(acc);
+    if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
+      for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (int tt = 0; tt < kTokens; ++tt) {
-        float const s = cuda::warp_sum(acc[r][tt]);
-        if (lane == 0 && tt < nt && o0 + r < p.w.rows) store(p, t0 + tt, o0 + r, s);
-      }
+        for (int tt = 0; tt < kTokens; ++tt)
+          if (tt < nt && o0 + r < p.w.rows) store(p, t0 + tt, o0 + r, acc[r][tt]);
   }
 }
 

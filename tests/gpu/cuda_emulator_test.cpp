@@ -19,6 +19,24 @@
 
 namespace {
 
+/// A device copy of `host`, for the caller to free.
+template <class T>
+T* to_device(std::vector<T> const& host) {
+  T* device = nullptr;
+  REQUIRE(cudaMalloc(&device, host.size() * sizeof(T)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  return device;
+}
+
+/// n values of very different sizes (2^-12 to 2^12 times up to 500, either sign): the order of
+/// additions shows in their sums.
+std::vector<float> mixed_magnitudes(std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = std::ldexp(static_cast<float>(i * 2654435761u % 1000) - 500.0f, static_cast<int>(i % 7) * 4 - 12);
+  return v;
+}
+
 template <class T>
 std::vector<T> run_and_read(T* device, std::size_t n) {
   std::vector<T> host(n);
@@ -216,16 +234,12 @@ TEST_CASE("CUDA emulator: shuffles and __reduce_add_sync take the lanes the ISA 
 }
 
 TEST_CASE("CUDA emulator: warp_sum, warp_max and warp_min are the shuffles' butterfly, bit for bit") {
-  // Values of very different sizes and a NaN: the order of the additions shows in the sums,
-  // and fmaxf/fminf pass a NaN over.
-  std::vector<float> in(64);
-  for (std::size_t i = 0; i < in.size(); ++i)
-    in[i] = std::ldexp(static_cast<float>(i * 2654435761u % 1000) - 500.0f, static_cast<int>(i % 7) * 4 - 12);
+  // A NaN among them: fmaxf/fminf pass it over.
+  std::vector<float> in = mixed_magnitudes(64);
   in[37] = NAN;
-  float *d_in = nullptr, *d_out = nullptr;
-  REQUIRE(cudaMalloc(&d_in, in.size() * sizeof(float)) == cudaSuccess);
+  float* const d_in = to_device(in);
+  float* d_out = nullptr;
   REQUIRE(cudaMalloc(&d_out, in.size() * 6 * sizeof(float)) == cudaSuccess);
-  REQUIRE(cudaMemcpy(d_in, in.data(), in.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
   QFLASH_LAUNCH(1, 64, 0, nullptr, butterfly_kernel)(d_in, d_out);
   auto const got = run_and_read(d_out, in.size() * 6);
   auto const bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
@@ -244,13 +258,10 @@ TEST_CASE("CUDA emulator: warp_sum, warp_max and warp_min are the shuffles' butt
 }
 
 TEST_CASE("CUDA emulator: warp_sums of several values are each value's shuffles' butterfly, bit for bit") {
-  std::vector<float> in(64);
-  for (std::size_t i = 0; i < in.size(); ++i)
-    in[i] = std::ldexp(static_cast<float>(i * 2654435761u % 1000) - 500.0f, static_cast<int>(i % 5) * 6 - 12);
-  float *d_in = nullptr, *d_out = nullptr;
-  REQUIRE(cudaMalloc(&d_in, in.size() * sizeof(float)) == cudaSuccess);
+  std::vector<float> const in = mixed_magnitudes(64);
+  float* const d_in = to_device(in);
+  float* d_out = nullptr;
   REQUIRE(cudaMalloc(&d_out, in.size() * 20 * sizeof(float)) == cudaSuccess);
-  REQUIRE(cudaMemcpy(d_in, in.data(), in.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
   QFLASH_LAUNCH(1, 64, 0, nullptr, sums_kernel)(d_in, d_out);
   auto const got = run_and_read(d_out, in.size() * 20);
   for (std::size_t t = 0; t < in.size(); ++t)

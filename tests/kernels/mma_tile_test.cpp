@@ -35,7 +35,8 @@ using test::Regs2;
 using test::Regs4;
 
 /// The kernel's work, tile by tile on the host: y[j] = x W[j]^T for kMats matrices of one
-/// shape and format (kWBytes: bf16 2, fp8 e4m3 1, whose stage sums take their block's scale).
+/// shape and format (kWBytes: bf16 2, whose hi part's products are summed apart from the
+/// others'; fp8 e4m3 1, whose stage sums take their block's scale).
 template <int kMTiles, int kMats, int kWBytes>
 std::array<std::vector<float>, kMats> tiled_linear(std::array<WeightView, kMats> const& w, std::vector<float> const& x,
                                                    std::int64_t m) {
@@ -54,6 +55,16 @@ std::array<std::vector<float>, kMats> tiled_linear(std::array<WeightView, kMats>
     for (std::int64_t m0 = 0; m0 < m; m0 += T::kBlockM) {
       using WarpAcc = std::array<std::array<std::array<std::array<Acc, mma::kNTiles>, kMTiles>, kMats>, 32>;
       std::array<WarpAcc, mma::kWarps> acc{}, sums{};
+      auto const fold = [&](auto const& scale_of) {  // acc += scale_of(j) sums
+        for (int warp = 0; warp < mma::kWarps; ++warp)
+          for (int lane = 0; lane < 32; ++lane)
+            for (int j = 0; j < kMats; ++j)
+              for (int mt = 0; mt < kMTiles; ++mt)
+                for (int nt = 0; nt < mma::kNTiles; ++nt)
+                  for (int r = 0; r < 4; ++r)
+                    acc[warp][lane][j][mt][nt][r] =
+                        std::fma(scale_of(j), sums[warp][lane][j][mt][nt][r], acc[warp][lane][j][mt][nt][r]);
+      };
       for (std::int64_t k0 = 0; k0 < k; k0 += mma::kBlockK) {
         std::fill(stage.begin(), stage.end(), std::uint8_t{0xFF});  // NaN: a copy that is missed shows
         for (int c = 0; c < T::kCopies; ++c) {
@@ -77,7 +88,7 @@ std::array<std::vector<float>, kMats> tiled_linear(std::array<WeightView, kMats>
           std::memcpy(&codes, stage.data() + byte, 2);
           return mma::bf16_pair_of_e4m3(codes);
         };
-        sums = {};
+        if (kWBytes == 1) sums = {};
         for (int warp = 0; warp < mma::kWarps; ++warp)
           for (int ks = 0; ks < mma::kBlockK / 16; ++ks)
             for (int j = 0; j < kMats; ++j)
@@ -92,23 +103,17 @@ std::array<std::vector<float>, kMats> tiled_linear(std::array<WeightView, kMats>
                     for (int lane = 0; lane < 32; ++lane)
                       for (int r = 0; r < 4; ++r)
                         a[lane][r] = word(4 * mma::a_word<kMTiles, kMats, kWBytes>(lane, r, mt, part, ks));
+                    auto& into = kWBytes == 2 && part == 0 ? acc : sums;
                     std::array<Acc, 32> c;
-                    for (int lane = 0; lane < 32; ++lane) c[lane] = sums[warp][lane][j][mt][nt];
+                    for (int lane = 0; lane < 32; ++lane) c[lane] = into[warp][lane][j][mt][nt];
                     emulate_mma(c, a, b);
-                    for (int lane = 0; lane < 32; ++lane) sums[warp][lane][j][mt][nt] = c[lane];
+                    for (int lane = 0; lane < 32; ++lane) into[warp][lane][j][mt][nt] = c[lane];
                   }
               }
-        for (int warp = 0; warp < mma::kWarps; ++warp)
-          for (int lane = 0; lane < 32; ++lane)
-            for (int j = 0; j < kMats; ++j) {
-              float const s = kWBytes == 1 ? w[static_cast<std::size_t>(j)].scale_row(n0)[k0 / kFp8BlockSize] : 1.0f;
-              for (int mt = 0; mt < kMTiles; ++mt)
-                for (int nt = 0; nt < mma::kNTiles; ++nt)
-                  for (int r = 0; r < 4; ++r)
-                    acc[warp][lane][j][mt][nt][r] =
-                        std::fma(s, sums[warp][lane][j][mt][nt][r], acc[warp][lane][j][mt][nt][r]);
-            }
+        if (kWBytes == 1)
+          fold([&](int j) { return w[static_cast<std::size_t>(j)].scale_row(n0)[k0 / kFp8BlockSize]; });
       }
+      if (kWBytes == 2) fold([](int) { return 1.0f; });
       for (int warp = 0; warp < mma::kWarps; ++warp)
         for (int lane = 0; lane < 32; ++lane)
           for (int j = 0; j < kMats; ++j)

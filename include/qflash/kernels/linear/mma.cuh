@@ -5,7 +5,8 @@
 ///    [kParts][n_tokens][cols];
 /// 2. mma_kernel stages weight and part tiles through shared memory with cp.async (two stages:
 ///    the next tile's copies fly while the warps multiply this one) and sums each part's
-///    products, lo first, into fp32 accumulators.
+///    products, lo first, into fp32 accumulators (bf16 weights: the hi part's apart from the
+///    others'; fp8: a stage's, scaled into the running sums).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -86,11 +87,13 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], std::uint32_t const (&a)
 }
 #endif
 
-/// The warp's products of one stage: acc[j][mt][nt] += the tile's activations (every part, lo
-/// first) times matrix j's n-tile nt, over the stage's kBlockK columns.
+/// The warp's products of one stage: the tile's activations (every part, lo first) times
+/// matrix j's n-tile nt, over the stage's kBlockK columns, the hi part's added to
+/// hi[j][mt][nt] and the mid and lo parts' to rest[j][mt][nt] (which may be hi).
 template <int kMTiles, int kMats, int kWBytes>
 __device__ __forceinline__ void multiply_stage(std::uint8_t const* stage, int lane, int warp,
-                                               float (&acc)[kMats][kMTiles][kNTiles][4]) {
+                                               float (&hi)[kMats][kMTiles][kNTiles][4],
+                                               float (&rest)[kMats][kMTiles][kNTiles][4]) {
   auto const* words = reinterpret_cast<std::uint32_t const*>(stage);
 #pragma unroll
   for (int ks = 0; ks < kBlockK / 16; ++ks) {
@@ -117,7 +120,7 @@ __device__ __forceinline__ void multiply_stage(std::uint8_t const* stage, int la
 #pragma unroll
         for (int j = 0; j < kMats; ++j)
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt) mma_bf16(acc[j][mt][nt], a, b[j][nt]);
+          for (int nt = 0; nt < kNTiles; ++nt) mma_bf16(part == 0 ? hi[j][mt][nt] : rest[j][mt][nt], a, b[j][nt]);
       }
   }
 }
@@ -159,37 +162,46 @@ __device__ __forceinline__ void two_stages(std::int64_t n, std::uint8_t (&smem)[
 }
 
 /// A CTA's products over k columns into acc, through two stages of `smem`: load(k0, stage)
-/// queues the copies of columns [k0, k0 + kBlockK) into a stage. fp8 weights (kWBytes 1): each
-/// stage's sums are multiplied by scale(j, k0), matrix j's block scale for the CTA's rows and
-/// those columns (a stage lies in one 128 x 128 block), and added to acc.
+/// queues the copies of columns [k0, k0 + kBlockK) into a stage. The mid and lo parts'
+/// products are summed apart from the running sums, so that they do not round against them:
+/// - bf16 weights (kWBytes 2): the hi part's products are summed into acc, the others' apart,
+///   and the two added at the end (docs/bench.md has the errors each way);
+/// - fp8 weights (kWBytes 1): each stage's sums, every part's, are multiplied by scale(j, k0),
+///   matrix j's block scale for the CTA's rows and those columns (a stage lies in one 128 x 128
+///   block), and added to acc.
 template <int kMTiles, int kMats, int kWBytes, class Load, class Scale>
 __device__ __forceinline__ void multiply_tiles(std::int64_t k, Load const& load, Scale const& scale,
                                                std::uint8_t (&smem)[2][Tile<kMTiles, kMats, kWBytes>::kStageBytes],
                                                float (&acc)[kMats][kMTiles][kNTiles][4]) {
   int const lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  float sums[kMats][kMTiles][kNTiles][4];  // bf16: the mid and lo parts' over k; fp8: a stage's
   zero(acc);
+  zero(sums);
+  auto const fold = [&](auto const& scale_of) {  // acc += scale_of(j) sums
+#pragma unroll
+    for (int j = 0; j < kMats; ++j) {
+      float const s = scale_of(j);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[j][mt][nt][r] = fmaf(s, sums[j][mt][nt][r], acc[j][mt][nt][r]);
+    }
+  };
   two_stages(
       (k + kBlockK - 1) / kBlockK, smem, [&](std::int64_t kt, std::uint8_t* stage) { load(kt * kBlockK, stage); },
       [](std::int64_t) {},
       [&](std::int64_t kt, std::uint8_t const* stage) {
         if constexpr (kWBytes == 2) {
-          multiply_stage<kMTiles, kMats, kWBytes>(stage, lane, warp, acc);
+          multiply_stage<kMTiles, kMats, kWBytes>(stage, lane, warp, acc, sums);
         } else {
-          float sums[kMats][kMTiles][kNTiles][4];
           zero(sums);
-          multiply_stage<kMTiles, kMats, kWBytes>(stage, lane, warp, sums);
-#pragma unroll
-          for (int j = 0; j < kMats; ++j) {
-            float const s = scale(j, kt * kBlockK);
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-              for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) acc[j][mt][nt][r] = fmaf(s, sums[j][mt][nt][r], acc[j][mt][nt][r]);
-          }
+          multiply_stage<kMTiles, kMats, kWBytes>(stage, lane, warp, sums, sums);
+          fold([&](int j) { return scale(j, kt * kBlockK); });
         }
       });
+  if constexpr (kWBytes == 2) fold([](int) { return 1.0f; });
 }
 
 /// Queues the copies of columns [k0, k0 + kBlockK) of a stage: weight matrix j's rows

@@ -6,7 +6,9 @@
 /// `mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32` (an e4m3 value is a bf16 value: the lanes
 /// widen the codes as they load them; the block scales multiply each stage's sums).
 /// Activations are fp32: each is split into three bf16 parts, hi + mid + lo, whose sum is x to
-/// within 2^-24 of |x|, and each part's products are summed into the same fp32 accumulators.
+/// within 2^-24 of |x|, and each part's products are summed into fp32 accumulators (bf16: the
+/// hi part's apart from the others'; fp8: each stage's apart, then scaled; mma.cuh:
+/// multiply_tiles).
 /// A bf16 times a bf16 is exact in fp32, so each product is exact, as the CPU's are; the sums
 /// differ from the CPU's in order, and in that the tensor cores align each step's products to
 /// the largest and truncate rather than round each addition (the GPU tests' tolerance holds

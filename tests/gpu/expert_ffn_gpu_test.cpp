@@ -139,8 +139,9 @@ struct Case {
 
 bool fits(WeightFormat f, std::int64_t d_model, std::int64_t d_ff) { return row_fits(f, d_model) && row_fits(f, d_ff); }
 
+/// Case c, its matrices drawn from `cache`.
 template <MoeSpec S, class Tag>
-void check_case(Case const& c) {
+void check_case(Case const& c, test::MatrixCache& cache) {
   CAPTURE(to_string(c.gate));
   CAPTURE(to_string(c.up));
   CAPTURE(to_string(c.down));
@@ -153,6 +154,7 @@ void check_case(Case const& c) {
   CAPTURE(c.accumulate);
   CAPTURE(c.unused);
   test::ExpertCase h;
+  h.cache = &cache;
   for (int e = 0; e < c.n_expert; ++e) {
     std::uint64_t const seed = 100 + 3 * static_cast<std::uint64_t>(e);
     h.experts.push_back({h.matrix(c.gate, c.d_ff, c.d_model, seed), h.matrix(c.up, c.d_ff, c.d_model, seed + 1),
@@ -238,40 +240,42 @@ void check_instance() {
   // The emulator takes the model-sized specs (2048 wide) in bf16 alone: every format there would
   // take it a quarter of an hour; the smaller specs run every format through the same kernels.
   bool const every_format = !test::gpu::kEmulated || d_model < 1024;
+  test::MatrixCache cache;  // the cases draw the same experts again and again
+  auto const check = [&](Case const& c) { check_case<S, Tag>(c, cache); };
   for (WeightFormat f : kAllWeightFormats) {
     if ((S.weights != WeightFormat::kAny && S.weights != f) || !fits(f, d_model, d_ff)) continue;
     if (!every_format && f != WeightFormat::kBf16 && S.weights == WeightFormat::kAny) continue;
     for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{3}, std::int64_t{37}})
-      check_case<S, Tag>({.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = tokens});
+      check({.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = tokens});
     // One token by slot without a shared expert, written and added to: a slot unused, then all.
     for (int unused : {1, 4})
       for (bool accumulate : {false, true})
-        check_case<S, Tag>({.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = 1,
-                            .accumulate = accumulate, .unused = unused});
+        check({.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = 1,
+               .accumulate = accumulate, .unused = unused});
     if (fits(f, d_model, d_ff_shared)) {
       Case c{.gate = f, .up = f, .down = f, .d_model = d_model, .d_ff = d_ff, .tokens = 1, .shared = f,
              .d_ff_shared = d_ff_shared};
-      check_case<S, Tag>(c);
+      check(c);
       // One token, the shared expert merged: rows by slot, down and combine in one launch; at
       // the most slots that takes (15 and the shared expert) and one past it (grouped again).
       for (int k : {4, 15, 16}) {
         Case one = c;
         one.d_ff_shared = d_ff, one.n_expert = 20, one.k = k;
-        check_case<S, Tag>(one);
+        check(one);
       }
       // Written rather than added to (as the model's MoE block calls it): by slot and grouped.
       for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{3}}) {
         Case w = c;
         w.d_ff_shared = d_ff, w.tokens = tokens, w.accumulate = false;
-        check_case<S, Tag>(w);
+        check(w);
       }
       c.tokens = 19, c.fused = false;
-      check_case<S, Tag>(c);
+      check(c);
       // LoRA on CUDA cores: a decode step (3 tokens) and 19 tokens in 13 runs.
       for (std::int64_t tokens : {std::int64_t{3}, std::int64_t{19}}) {
         Case l = c;
         l.tokens = tokens, l.fused = true, l.lora = true;
-        check_case<S, Tag>(l);
+        check(l);
       }
       if (f == WeightFormat::kBf16 || f == WeightFormat::kFp8E4m3 || linear_cuda::reads_codes(f)) {
         // Tensor cores: the shared expert in its own launches, then merged; each with LoRA too.
@@ -279,7 +283,7 @@ void check_instance() {
         for (std::int64_t d_ff_shared_case : {d_ff_shared, d_ff})
           for (bool lora : {false, true}) {
             c.d_ff_shared = d_ff_shared_case, c.lora = lora;
-            check_case<S, Tag>(c);
+            check(c);
           }
       }
     }
@@ -287,34 +291,34 @@ void check_instance() {
   if constexpr (S.weights == WeightFormat::kAny) {
     // Gate, up and down each in its own format, the shared expert in yet another.
     if (fits(WeightFormat::kQ8_0, d_model, d_ff))
-      check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kQ8_0, .down = WeightFormat::kFp8E4m3,
-                          .d_model = d_model, .d_ff = d_ff, .tokens = 9, .shared = WeightFormat::kF16,
-                          .d_ff_shared = d_ff_shared});
+      check({.gate = WeightFormat::kBf16, .up = WeightFormat::kQ8_0, .down = WeightFormat::kFp8E4m3,
+             .d_model = d_model, .d_ff = d_ff, .tokens = 9, .shared = WeightFormat::kF16,
+             .d_ff_shared = d_ff_shared});
     // One token by slot, gate, up and down each in its own format, gate and up apart.
     if (fits(WeightFormat::kQ4K, d_model, d_ff))
-      check_case<S, Tag>({.gate = WeightFormat::kQ8_0, .up = WeightFormat::kBf16, .down = WeightFormat::kQ4K,
-                          .d_model = d_model, .d_ff = d_ff, .tokens = 1});
+      check({.gate = WeightFormat::kQ8_0, .up = WeightFormat::kBf16, .down = WeightFormat::kQ4K,
+             .d_model = d_model, .d_ff = d_ff, .tokens = 1});
     // A prompt of block formats as GGUF files mix them: down in q6_k, the shared expert in q8_0.
     if (fits(WeightFormat::kQ4K, d_model, d_ff) && fits(WeightFormat::kQ8_0, d_model, d_ff_shared))
-      check_case<S, Tag>({.gate = WeightFormat::kQ4K, .up = WeightFormat::kQ4K, .down = WeightFormat::kQ6K,
-                          .d_model = d_model, .d_ff = d_ff, .tokens = 40, .shared = WeightFormat::kQ8_0,
-                          .d_ff_shared = d_ff_shared});
+      check({.gate = WeightFormat::kQ4K, .up = WeightFormat::kQ4K, .down = WeightFormat::kQ6K,
+             .d_model = d_model, .d_ff = d_ff, .tokens = 40, .shared = WeightFormat::kQ8_0,
+             .d_ff_shared = d_ff_shared});
     if (S.d_model == kDynamic && S.d_ff_expert == kDynamic) {  // rows too short or odd for the vector path
-      check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kF32,
-                          .d_model = 200, .d_ff = 100, .tokens = 6, .n_expert = 5, .k = 2,
-                          .shared = WeightFormat::kFp8E4m3, .d_ff_shared = 60});
+      check({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kF32,
+             .d_model = 200, .d_ff = 100, .tokens = 6, .n_expert = 5, .k = 2,
+             .shared = WeightFormat::kFp8E4m3, .d_ff_shared = 60});
       // Qwen3.6's routing width, 256 experts and 8 a token, with a shared expert: one token
       // (rows by slot), prompts grouped by expert on the device: 40 tokens on the GEMV, 160 on
       // the tensor cores (5 rows an expert on average: every tile short of its 16 rows).
       for (std::int64_t tokens : {std::int64_t{1}, std::int64_t{40}, std::int64_t{160}})
-        check_case<S, Tag>({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kBf16,
-                            .d_model = 64, .d_ff = 32, .tokens = tokens, .n_expert = 256, .k = 8,
-                            .shared = WeightFormat::kBf16, .d_ff_shared = 32});
+        check({.gate = WeightFormat::kBf16, .up = WeightFormat::kBf16, .down = WeightFormat::kBf16,
+               .d_model = 64, .d_ff = 32, .tokens = tokens, .n_expert = 256, .k = 8,
+               .shared = WeightFormat::kBf16, .d_ff_shared = 32});
       // int4 rows that end mid-group, on the tensor cores (40 tokens) and the GEMV (3).
       for (std::int64_t tokens : {std::int64_t{40}, std::int64_t{3}})
-        check_case<S, Tag>({.gate = WeightFormat::kInt4, .up = WeightFormat::kInt4, .down = WeightFormat::kInt4,
-                            .d_model = 200, .d_ff = 100, .tokens = tokens, .n_expert = 5, .k = 2,
-                            .shared = WeightFormat::kInt4, .d_ff_shared = 60});
+        check({.gate = WeightFormat::kInt4, .up = WeightFormat::kInt4, .down = WeightFormat::kInt4,
+               .d_model = 200, .d_ff = 100, .tokens = tokens, .n_expert = 5, .k = 2,
+               .shared = WeightFormat::kInt4, .d_ff_shared = 60});
     }
   }
 }

@@ -1,12 +1,14 @@
 /// @file
-/// An expert_ffn problem for kernel tests: seeded expert matrices it owns, the tokens, their
-/// routes, and the ExpertFfnArgs that point at them. Tests fill `routes` / `route_weights`
-/// (and `shared_weights` with a shared expert) in their own pattern.
+/// An expert_ffn problem for kernel tests: seeded expert matrices it owns (or a MatrixCache
+/// does), the tokens, their routes, and the ExpertFfnArgs that point at them. Tests fill
+/// `routes` / `route_weights` (and `shared_weights` with a shared expert) in their own pattern.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "qflash/kernels/expert_ffn/op.hpp"
@@ -15,8 +17,31 @@
 
 namespace qflash::test {
 
+/// A [rows, cols] matrix of values in [-0.5, 0.5) from `seed`, in format f.
+inline OwnedMatrix seeded_matrix(WeightFormat f, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  auto const w = random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
+  return encode_matrix(f, w.data(), rows, cols);
+}
+
+/// Seeded matrices kept for the cases of a test that draw the same ones again: drawing and
+/// encoding a model-sized matrix takes longer than many a kernel run on the CUDA emulator.
+class MatrixCache {
+ public:
+  OwnedMatrix const& get(WeightFormat f, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+    Key const key{f, rows, cols, seed};
+    auto it = matrices_.find(key);
+    if (it == matrices_.end()) it = matrices_.emplace(key, seeded_matrix(f, rows, cols, seed)).first;
+    return it->second;
+  }
+
+ private:
+  using Key = std::tuple<WeightFormat, std::int64_t, std::int64_t, std::uint64_t>;
+  std::map<Key, OwnedMatrix> matrices_;  // a map: entries stay where they are as it grows
+};
+
 struct ExpertCase {
   std::deque<OwnedMatrix> store;  // a deque: the views stay valid as it grows
+  MatrixCache* cache = nullptr;   // where matrix() finds and keeps its matrices, if set
   std::vector<kernels::ExpertWeights> experts;
   std::optional<kernels::ExpertWeights> shared;
   std::vector<float> x;  // [n_tokens, d_model]
@@ -25,10 +50,10 @@ struct ExpertCase {
   std::int64_t n_tokens = 0;
   int n_expert_used = 0;
 
-  /// A [rows, cols] matrix of values in [-0.5, 0.5) from `seed`, in format f.
+  /// seeded_matrix(f, rows, cols, seed), owned here or by the cache.
   WeightView matrix(WeightFormat f, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-    auto const w = random_floats(static_cast<std::size_t>(rows * cols), seed, -0.5f, 0.5f);
-    return store.emplace_back(encode_matrix(f, w.data(), rows, cols)).view;
+    if (cache) return cache->get(f, rows, cols, seed).view;
+    return store.emplace_back(seeded_matrix(f, rows, cols, seed)).view;
   }
 
   /// Gate and up [d_ff, d_model] in `gate_up`, down [d_model, d_ff] in `down`, from seeds seed..seed + 2.

@@ -1,16 +1,24 @@
 // The CUDA emulator's own semantics (tests/support/cuda_emulator), which the emulated GPU tests
 // rest on: coordinates, __syncthreads, threads run again for each block, the shuffles and
 // __reduce_add_sync, the warp reductions as the shuffles' butterfly (several values at once
-// too), mma.sync against a plain product, cp.async landing only at its wait, the CUB
-// collectives, launch refusals, and stream capture's rules and graph updates.
+// too), mma.sync against a plain product, when cp.async copies land, the CUB
+// collectives, launch refusals, stream capture's rules and graph updates, the schedule threads
+// and blocks run in, and accesses past an allocation's end.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstdint>
+#include <functional>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "qflash/kernels/common/cuda.cuh"
@@ -186,7 +194,93 @@ __global__ void cub_kernel(int* scan, unsigned* keys_out, int* ids_out, float* s
   if (t == 0) *sum = s;
 }
 
+/// Two block sums through one TempStorage, with or without the barrier CUB asks for between them.
+__global__ void reused_reduce_kernel(float* sums, bool barrier) {
+  using Reduce = cub::BlockReduce<float, 64>;
+  __shared__ typename Reduce::TempStorage storage;
+  float const first = Reduce(storage).Sum(1.0f);
+  if (barrier) __syncthreads();
+  float const second = Reduce(storage).Sum(2.0f);
+  if (threadIdx.x == 0) sums[0] = first, sums[1] = second;
+}
+
 __global__ void empty_kernel() {}
+
+/// out[i] = in[i] + 1 for each of the launch's threads.
+__global__ void plus_one_kernel(float const* in, float* out) {
+  int const i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  out[i] = in[i] + 1.0f;
+}
+
+/// The emulator's schedule set to `spec` for the scope, then back to what it was (the
+/// environment's, when QFLASH_EMULATOR_SCHEDULE set it).
+class ScheduleScope {
+ public:
+  explicit ScheduleScope(char const* spec) : before_(qflash::emulator::current_schedule()) {
+    qflash::emulator::set_schedule(spec);
+  }
+  ScheduleScope(ScheduleScope const&) = delete;
+  ScheduleScope& operator=(ScheduleScope const&) = delete;
+  ~ScheduleScope() { qflash::emulator::set_schedule(before_.c_str()); }
+
+ private:
+  std::string before_;
+};
+
+/// How a child process running `body` ended: whether by SIGABRT, and what it wrote to stderr.
+struct ChildEnd {
+  bool aborted = false;
+  std::string err;
+};
+ChildEnd in_child(std::function<void()> const& body) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  pid_t const pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::signal(SIGABRT, SIG_DFL);  // not the test framework's crash report
+    alarm(60);                      // a child that hangs ends, and the check fails
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    body();
+    _exit(0);
+  }
+  close(fds[1]);
+  ChildEnd end;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) end.err.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  end.aborted = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+  return end;
+}
+
+/// Recurses n deep, some 300 bytes of stack a call, each call's bytes written: past a CUDA
+/// thread's stack, into its guard page, for large n.
+int deep(int n) {
+  volatile char frame[256];
+  for (int i = 0; i < 256; i += 64) frame[i] = static_cast<char>(n);
+  return n > 0 ? deep(n - 1) + frame[0] : 0;
+}
+__global__ void deep_kernel(int* out, int n) { *out = deep(n); }
+
+/// Records the order in which the threads (global indices) start, and then pass a barrier.
+/// Fibers switch only at sync points, so the unguarded increments are exact on the emulator.
+__global__ void order_kernel(int* started, int* passed, int* counts) {
+  int const t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  started[counts[0]++] = t;
+  __syncthreads();
+  passed[counts[1]++] = t;
+}
+
+/// A race: each thread reads its neighbour's shared value with no barrier after the writes.
+__global__ void missing_barrier_kernel(int* out) {
+  QFLASH_DYNAMIC_SMEM(int, s);  // 0xff bytes (-1) until written
+  int const t = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
+  s[t] = t;
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s[(t + 1) % n];
+}
 
 }  // namespace
 
@@ -214,6 +308,65 @@ TEST_CASE("CUDA emulator: threads run again for each block, whether they returne
       CHECK(got[static_cast<std::size_t>(b * 64 + t)] == (t < 16 * (b + 1) ? 16 * (b + 1) : -1));
     }
   cudaFree(out);
+}
+
+TEST_CASE("CUDA emulator: the schedule orders threads and blocks, and a missing barrier reads stale values") {
+  constexpr int kBlocks = 3, kThreads = 64, kN = kBlocks * kThreads;
+  int *started = nullptr, *passed = nullptr, *counts = nullptr, *out = nullptr;
+  REQUIRE(cudaMalloc(&started, kN * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&passed, kN * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&counts, 2 * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&out, kN * sizeof(int)) == cudaSuccess);
+  struct Run {
+    std::vector<int> started, passed;
+    int stale = 0;  // reads that missed the neighbour's write
+  };
+  auto const run = [&](char const* schedule) {
+    ScheduleScope const scope(schedule);
+    REQUIRE(cudaMemset(counts, 0, 2 * sizeof(int)) == cudaSuccess);
+    QFLASH_LAUNCH(kBlocks, kThreads, 0, nullptr, order_kernel)(started, passed, counts);
+    QFLASH_LAUNCH(kBlocks, kThreads, kThreads * sizeof(int), nullptr, missing_barrier_kernel)(out);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    Run r{run_and_read(started, kN), run_and_read(passed, kN)};
+    for (int v : run_and_read(out, kN)) r.stale += v == -1;
+    return r;
+  };
+  // in_order / reversed: every thread's start; past the barrier, the last to arrive goes on
+  // first and the others follow in the same order.
+  std::vector<int> in_order(kN), reversed(kN), in_order_past(kN), reversed_past(kN);
+  for (int i = 0; i < kN; ++i) {
+    int const b = i / kThreads, j = i % kThreads;
+    in_order[i] = i;
+    reversed[i] = kN - 1 - i;
+    in_order_past[i] = b * kThreads + (j == 0 ? kThreads - 1 : j - 1);
+    reversed_past[i] = (kBlocks - 1 - b) * kThreads + (j == 0 ? 0 : kThreads - j);
+  }
+  std::string const before = qflash::emulator::current_schedule();
+  Run const forward = run("in-order");
+  CHECK(forward.started == in_order);
+  CHECK(forward.passed == in_order_past);
+  CHECK(forward.stale == kBlocks * (kThreads - 1));  // every reader but the last ran before its writer
+  Run const backward = run("reversed");
+  CHECK(backward.started == reversed);
+  CHECK(backward.passed == reversed_past);
+  CHECK(backward.stale == kBlocks);  // only the last thread, reading thread 0, ran first
+
+  Run const shuffled = run("shuffled:7");
+  CHECK(run("shuffled:7").started == shuffled.started);  // seeded: the same order again
+  CHECK(run("shuffled:8").started != shuffled.started);
+  for (auto const* order : {&shuffled.started, &shuffled.passed}) {
+    std::vector<int> sorted = *order;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(sorted == in_order);  // each thread once
+    CHECK(*order != in_order);
+    CHECK(*order != reversed);
+  }
+  CHECK(shuffled.passed != shuffled.started);  // each release takes a new order
+  // A race shows either way round: about half the reads are stale.
+  CHECK(shuffled.stale > kN / 4);
+  CHECK(shuffled.stale < 3 * kN / 4);
+  CHECK(qflash::emulator::current_schedule() == before);  // each run's scope set it back
+  for (int* p : {started, passed, counts, out}) cudaFree(p);
 }
 
 TEST_CASE("CUDA emulator: shuffles and __reduce_add_sync take the lanes the ISA names") {
@@ -306,17 +459,31 @@ TEST_CASE("CUDA emulator: mma.sync m16n8k16 equals the plain product") {
   cudaFree(out);
 }
 
-TEST_CASE("CUDA emulator: a cp.async copy lands at its wait, not before") {
+TEST_CASE("CUDA emulator: a cp.async copy lands at its wait, or shuffled, at its commit at random") {
   int* src = nullptr;
   int* out = nullptr;
   REQUIRE(cudaMalloc(&src, 4 * sizeof(int)) == cudaSuccess);
   REQUIRE(cudaMalloc(&out, 2 * sizeof(int)) == cudaSuccess);
   int const values[4] = {10, 11, 12, 13};
   REQUIRE(cudaMemcpy(src, values, sizeof values, cudaMemcpyHostToDevice) == cudaSuccess);
-  QFLASH_LAUNCH(1, 1, 0, nullptr, copy_kernel)(src, out);
-  auto const got = run_and_read(out, 2);
-  CHECK(got[0] == 0);
-  CHECK(got[1] == 11);
+  auto const run = [&] {
+    QFLASH_LAUNCH(1, 1, 0, nullptr, copy_kernel)(src, out);
+    return run_and_read(out, 2);
+  };
+  {
+    ScheduleScope const scope("in-order");
+    CHECK(run() == std::vector<int>{0, 11});
+  }
+  ScheduleScope const scope("shuffled");
+  int at_commit = 0;
+  for (int i = 0; i < 64; ++i) {
+    auto const got = run();
+    CHECK(got[1] == 11);
+    CHECK((got[0] == 0 || got[0] == 11));  // before the wait: landed at the commit or not yet
+    at_commit += got[0] == 11;
+  }
+  CHECK(at_commit > 8);
+  CHECK(at_commit < 56);
   cudaFree(src);
   cudaFree(out);
 }
@@ -350,6 +517,19 @@ TEST_CASE("CUDA emulator: CUB's block scan, stable descending radix sort and red
     CHECK(i[n] == want[n].second);
   }
   CHECK(run_and_read(sum, 1)[0] == 63.0f * 64 / 2);
+
+  // Without the barrier the threads that go on first (in-order: the last to reach the
+  // reduction's barrier) store their next item before thread 0 has summed the first.
+  float* sums_out = nullptr;
+  REQUIRE(cudaMalloc(&sums_out, 2 * sizeof(float)) == cudaSuccess);
+  for (bool barrier : {true, false}) {
+    ScheduleScope const scope("in-order");
+    QFLASH_LAUNCH(1, 64, 0, nullptr, reused_reduce_kernel)(sums_out, barrier);
+    auto const sums = run_and_read(sums_out, 2);
+    CHECK(sums[0] == (barrier ? 64.0f : 65.0f));
+    CHECK(sums[1] == 128.0f);
+  }
+  cudaFree(sums_out);
   cudaFree(scan);
   cudaFree(keys);
   cudaFree(ids);
@@ -367,6 +547,69 @@ TEST_CASE("CUDA emulator: launches a GPU would refuse are refused") {
   CHECK(cudaGetLastError() == cudaSuccess);
   CHECK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) ==
         cudaErrorInvalidValue);  // beyond an A100's 163 KiB
+}
+
+TEST_CASE("CUDA emulator: a kernel's access past an allocation or its stack is reported") {
+  // 256 floats: the allocation ends at a guard page.
+  static_cast<void>(cudaGetLastError());
+  float *in = nullptr, *out = nullptr;
+  REQUIRE(cudaMalloc(&in, 256 * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&out, 512 * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemset(in, 0, 256 * sizeof(float)) == cudaSuccess);
+  QFLASH_LAUNCH(2, 128, 0, nullptr, plus_one_kernel)(in, out);  // in bounds
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(run_and_read(out, 256) == std::vector<float>(256, 1.0f));
+
+  ChildEnd const read_past = in_child([&] { QFLASH_LAUNCH(3, 128, 0, nullptr, plus_one_kernel)(in, out); });
+  CHECK(read_past.aborted);
+  // The first of block 2's threads to run (the schedule's choice), thread t, reads offset 1024 + 4 t.
+  int thread = -1, offset = -1;
+  auto const at = read_past.err.find("block (2, 0, 0)");
+  REQUIRE_MESSAGE(at != std::string::npos, read_past.err);
+  CHECK(std::sscanf(read_past.err.c_str() + at, "block (2, 0, 0), thread (%d, 0, 0) accesses offset %d of", &thread,
+                    &offset) == 2);
+  CHECK(offset == 1024 + 4 * thread);
+  CHECK_MESSAGE(read_past.err.find("of an allocation of 1024 bytes, past its end") != std::string::npos, read_past.err);
+
+  // 100 floats lie in 512 bytes at the end of a page: writes just past them or before them are
+  // found when the allocation is freed.
+  float* small = nullptr;
+  REQUIRE(cudaMalloc(&small, 100 * sizeof(float)) == cudaSuccess);
+  ChildEnd const write_past = in_child([&] {
+    QFLASH_LAUNCH(1, 101, 0, nullptr, plus_one_kernel)(in, small);
+    cudaFree(small);
+  });
+  CHECK(write_past.aborted);
+  CHECK_MESSAGE(write_past.err.find("freeing an allocation of 400 bytes: its offset 400 was written, past its end") !=
+                    std::string::npos,
+                write_past.err);
+  ChildEnd const write_before = in_child([&] {
+    QFLASH_LAUNCH(1, 1, 0, nullptr, plus_one_kernel)(in, small - 3);
+    cudaFree(small);
+  });
+  CHECK(write_before.aborted);
+  int written = 0;  // the float at offsets -12 to -9: the nearest of its bytes
+  auto const freeing = write_before.err.find("freeing an allocation of 400 bytes");
+  REQUIRE_MESSAGE(freeing != std::string::npos, write_before.err);
+  CHECK(std::sscanf(write_before.err.c_str() + freeing,
+                    "freeing an allocation of 400 bytes: its offset %d was written, before its start", &written) == 1);
+  CHECK(written == -9);
+  QFLASH_LAUNCH(1, 100, 0, nullptr, plus_one_kernel)(in, small);
+  CHECK(cudaFree(small) == cudaSuccess);
+
+  // A CUDA thread's stack overflow is reported as such.
+  int* depth = nullptr;
+  REQUIRE(cudaMalloc(&depth, sizeof(int)) == cudaSuccess);
+  QFLASH_LAUNCH(1, 1, 0, nullptr, deep_kernel)(depth, 16);
+  CHECK(run_and_read(depth, 1)[0] == 16 * 17 / 2);
+  ChildEnd const overflow = in_child([&] { QFLASH_LAUNCH(1, 1, 0, nullptr, deep_kernel)(depth, 8000); });
+  CHECK(overflow.aborted);
+  CHECK_MESSAGE(overflow.err.find("block (0, 0, 0), thread (0, 0, 0) accesses beyond its stack of 512 KiB") !=
+                    std::string::npos,
+                overflow.err);
+  cudaFree(depth);
+  cudaFree(in);
+  cudaFree(out);
 }
 
 TEST_CASE("CUDA emulator: a captured stream's work runs when its graph is launched, with updated arguments") {

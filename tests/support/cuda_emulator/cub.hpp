@@ -1,7 +1,9 @@
 // The block-wide CUB collectives qflash's kernels use, for the CUDA emulator (CUB's own need a
 // GPU's warp instructions). Same interface and results: items in thread order (blocked), a
-// reduction's result in thread 0 only, a stable radix sort. Each call takes two barriers, as
-// CUB's do; reusing TempStorage still needs the caller's __syncthreads.
+// reduction's result in thread 0 only, a stable radix sort. A reduction and a scan take one
+// barrier, no more than CUB's, and their threads may leave before thread 0 (a reduction) or
+// the others (a scan) have read TempStorage: reusing it without the __syncthreads that CUB
+// asks of the caller can then read items of the next call (the shuffled schedule shows it).
 #pragma once
 
 #include <algorithm>
@@ -14,7 +16,6 @@ class BlockReduce {
  public:
   struct TempStorage {
     T items[kThreads];
-    T result;
   };
   explicit BlockReduce(TempStorage& s) : s_(s) {}
   T Sum(T v) {
@@ -25,9 +26,8 @@ class BlockReduce {
     int const tid = static_cast<int>(threadIdx.x);
     s_.items[tid] = v;
     __syncthreads();
-    if (tid == 0) s_.result = std::accumulate(s_.items + 1, s_.items + kThreads, s_.items[0], op);
-    __syncthreads();
-    return tid == 0 ? s_.result : v;  // CUB leaves the other threads' results undefined
+    if (tid != 0) return v;  // CUB leaves the other threads' results undefined
+    return std::accumulate(s_.items + 1, s_.items + kThreads, s_.items[0], op);
   }
 
  private:
@@ -39,7 +39,6 @@ class BlockScan {
  public:
   struct TempStorage {
     T items[kThreads];
-    T prefix[kThreads + 1];
   };
   explicit BlockScan(TempStorage& s) : s_(s) {}
   void ExclusiveSum(T in, T& out) {
@@ -50,13 +49,8 @@ class BlockScan {
     int const tid = static_cast<int>(threadIdx.x);
     s_.items[tid] = in;
     __syncthreads();
-    if (tid == 0) {
-      s_.prefix[0] = T{};
-      for (int i = 0; i < kThreads; ++i) s_.prefix[i + 1] = s_.prefix[i] + s_.items[i];
-    }
-    __syncthreads();
-    out = s_.prefix[tid];
-    aggregate = s_.prefix[kThreads];
+    out = std::accumulate(s_.items, s_.items + tid, T{});
+    aggregate = std::accumulate(s_.items + tid, s_.items + kThreads, out);
   }
 
  private:

@@ -2,20 +2,29 @@
 // runtime calls qflash makes, on host memory. See emulator.hpp for what it models.
 #include "cuda_emulator/emulator.hpp"
 
+#include <signal.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <boost/context/fiber.hpp>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mma_emulator.hpp"
@@ -33,6 +42,10 @@ struct Node {
 /// CUDA does on a stream whose capture an invalid call broke, and on the legacy stream while a
 /// blocking stream is being captured.
 cudaError_t submit(cudaStream_t stream, Node node);
+/// While a launch runs on this host thread (on), a fault in an allocation's guard page or in a
+/// CUDA thread's stack guard is reported as the running CUDA thread's, and aborts; any other
+/// fault goes to SIGSEGV's action before, which off restores.
+void watch_faults(bool on);
 }  // namespace qflash::emulator
 
 struct CUstream_st {
@@ -63,8 +76,74 @@ namespace {
   std::abort();
 }
 
+/// The order in which the threads that become ready together (at the start of a block, at a
+/// barrier's release, after a warp collective) run, and in which a launch's blocks run (see
+/// emulator.hpp's set_schedule). A kernel whose result depends on it has a race: a thread
+/// reads what another writes with no barrier or warp collective between them.
+class Schedule {
+ public:
+  Schedule() {
+    char const* v = std::getenv("QFLASH_EMULATOR_SCHEDULE");  // unset or empty: shuffled
+    if (v && *v && !set(v)) fail("QFLASH_EMULATOR_SCHEDULE is '" + std::string(v) + "'; expected " + kForms);
+  }
+  static constexpr char const* kForms = "shuffled, shuffled:SEED, in-order or reversed";
+  /// Takes one of kForms; false (and no change) for anything else.
+  bool set(std::string_view s) {
+    if (s == "in-order" || s == "reversed") {
+      kind_ = s == "in-order" ? kInOrder : kReversed;
+      return true;
+    }
+    std::uint64_t seed = 0;
+    if (s != "shuffled") {
+      constexpr std::string_view prefix = "shuffled:";
+      if (!s.starts_with(prefix) || s.size() == prefix.size()) return false;
+      auto const [at, error] = std::from_chars(s.data() + prefix.size(), s.data() + s.size(), seed);
+      if (error != std::errc{} || at != s.data() + s.size()) return false;
+    }
+    kind_ = kShuffled;
+    seed_ = seed;
+    random_.seed(seed);
+    return true;
+  }
+  /// The form set() takes for this schedule.
+  [[nodiscard]] std::string name() const {
+    return kind_ == kInOrder ? "in-order" : kind_ == kReversed ? "reversed" : "shuffled:" + std::to_string(seed_);
+  }
+  /// v, reordered as this schedule says.
+  template <class T>
+  void arrange(std::vector<T>& v) {
+    if (kind_ == kReversed) std::reverse(v.begin(), v.end());
+    if (kind_ == kShuffled) std::shuffle(v.begin(), v.end(), random_);
+  }
+  /// Whether a committed group of cp.async copies lands now, rather than at the wait that
+  /// needs it: either is what a GPU may do, and the shuffled schedule takes either at random.
+  bool lands_at_commit() { return kind_ == kShuffled && (random_() & 1); }
+  /// 0, 1, ... n - 1 in this schedule's order.
+  std::vector<int> const& order(int n) {
+    order_.resize(static_cast<std::size_t>(n));
+    std::iota(order_.begin(), order_.end(), 0);
+    arrange(order_);
+    return order_;
+  }
+
+ private:
+  enum Kind { kInOrder, kReversed, kShuffled };
+  Kind kind_ = kShuffled;
+  std::uint64_t seed_ = 0;
+  std::mt19937_64 random_{0};
+  std::vector<int> order_;
+};
+Schedule& schedule() {  // under g_launch_mutex: launches use it one at a time
+  static Schedule s;
+  return s;
+}
+
 constexpr std::size_t kStackBytes = std::size_t{512} << 10;
-constexpr std::size_t kGuardBytes = 4096;
+/// The size of a page, and of a guard page.
+std::size_t page_bytes() {
+  static std::size_t const bytes = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return bytes;
+}
 constexpr std::size_t kDefaultSmemLimit = 48 << 10;
 // The device it claims: compute capability 8.0 (an A100's limits), so the sm_80 instances run.
 // The sm_90a ones differ from them only behind __CUDA_ARCH__, which the emulator does not take.
@@ -79,18 +158,23 @@ constexpr std::size_t kGlobalBytes = std::size_t{16} << 30;
 class Stack {
  public:
   explicit Stack(std::size_t offset) : offset_(offset) {
-    base_ = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    base_ = mmap(nullptr, kStackBytes + page_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base_ == MAP_FAILED) fail("cannot map a fiber stack");
-    mprotect(base_, kGuardBytes, PROT_NONE);
+    mprotect(base_, page_bytes(), PROT_NONE);
   }
   Stack(Stack const&) = delete;
   Stack& operator=(Stack const&) = delete;
-  ~Stack() { munmap(base_, kStackBytes + kGuardBytes); }
+  ~Stack() { munmap(base_, kStackBytes + page_bytes()); }
+  /// Whether `at` lies in the guard page, where an overflow faults.
+  [[nodiscard]] bool guards(void const* at) const {
+    auto const* const p = static_cast<char const*>(at);
+    return p >= static_cast<char const*>(base_) && p < static_cast<char const*>(base_) + page_bytes();
+  }
   /// Boost.Context's stack allocator interface, over this one stack.
   boost::context::stack_context allocate() {
     boost::context::stack_context s;
     s.size = kStackBytes - offset_;
-    s.sp = static_cast<char*>(base_) + kGuardBytes + kStackBytes - offset_;
+    s.sp = static_cast<char*>(base_) + page_bytes() + kStackBytes - offset_;
     return s;
   }
   void deallocate(boost::context::stack_context&) {}
@@ -224,8 +308,9 @@ void make_ready(Fiber& f) {
 }
 
 void release_barrier() {
-  for (Fiber& f : g_block->fibers)
-    if (f.state == State::kAtBarrier) make_ready(f);
+  std::vector<Fiber>& fibers = g_block->fibers;
+  for (int i : schedule().order(static_cast<int>(fibers.size())))
+    if (fibers[i].state == State::kAtBarrier) make_ready(fibers[i]);
   g_block->at_barrier = 0;
 }
 
@@ -265,13 +350,12 @@ void run_block(Block& b) {
   std::fill(b.shared.begin(), b.shared.end(), std::byte{0xff});
   for (Warp& w : b.warps) w.arrived = 0, w.unread = {};
   b.ready.clear();
-  for (int i = 0; i < n; ++i) {
+  for (int i : schedule().order(n)) {
     Fiber& f = b.fibers[i];
     f.at.block_idx = {b.index.x, b.index.y, b.index.z};
     f.uncommitted.clear();
     f.committed.clear();
-    f.state = State::kReady;
-    b.ready.push_back(&f);
+    make_ready(f);
   }
   b.live = n;
   b.at_barrier = 0;
@@ -299,13 +383,21 @@ void run_launch(dim3 grid, dim3 block, std::size_t smem, std::function<void()> c
     f.context = boost::context::fiber(std::allocator_arg, LentStack(*g_stacks[i]),
                                       [&f](boost::context::fiber&& s) { return fiber_entry(f, std::move(s)); });
   }
+  std::vector<std::int64_t> blocks(std::size_t{grid.x} * grid.y * grid.z);
+  std::iota(blocks.begin(), blocks.end(), std::int64_t{0});
+  schedule().arrange(blocks);
   g_block = &b;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        b.index = dim3(x, y, z);
-        run_block(b);
-      }
+  {
+    struct Watch {
+      Watch() { watch_faults(true); }
+      ~Watch() { watch_faults(false); }
+    } const watch;
+    for (std::int64_t i : blocks) {
+      b.index = dim3(static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
+                     static_cast<unsigned>(i / (std::int64_t{grid.x} * grid.y)));
+      run_block(b);
+    }
+  }
   b.ended = true;
   for (Fiber& f : b.fibers) switch_to(f.context, g_scheduler);
   g_block = nullptr;
@@ -365,7 +457,7 @@ void complete(Arrival const& a, unsigned mask, Combine combine) {
   w.arrived = 0;
   ++w.generation;
   Fiber* const lanes = &g_block->fibers[static_cast<std::size_t>(&w - g_block->warps.data()) * 32];
-  for (int l = 0; l < 32; ++l)
+  for (int l : schedule().order(32))
     if (l != a.lane && (mask >> l & 1)) make_ready(lanes[l]);
 }
 
@@ -530,6 +622,10 @@ void async_copy(void* dst, void const* src, int bytes, int src_bytes) {
 }
 void async_commit() {
   Fiber& f = *g_block->current;
+  if (schedule().lands_at_commit()) {
+    perform(f.uncommitted);
+    f.uncommitted.clear();  // the group stays, empty, for the waits' count
+  }
   f.committed.push_back(std::move(f.uncommitted));
   f.uncommitted.clear();
 }
@@ -578,6 +674,16 @@ void mma_tf32(float (&c)[4], float const (&a)[4], float const (&b)[2]) {
   mma<test::Floats4, test::Floats2, test::emulate_mma_tf32>(c, a, b);
 }
 
+void set_schedule(char const* spec) {
+  std::lock_guard lock(g_launch_mutex);
+  if (!schedule().set(spec)) fail("set_schedule('" + std::string(spec) + "'); expected " + Schedule::kForms);
+}
+
+std::string current_schedule() {
+  std::lock_guard lock(g_launch_mutex);
+  return schedule().name();
+}
+
 void set_smem_limit(void const* kernel, int bytes) {
   std::lock_guard lock(g_limits_mutex);
   smem_limits()[kernel] = bytes;
@@ -594,9 +700,17 @@ using qflash::emulator::g_last_error;
 /// Where an address lies, as a memcpy node's operands have it (host memory, pinned or not, or
 /// the device's), which an update may not change.
 enum Memory { kHost, kDevice };
+/// Device and pinned allocations: each at the end of a mapping of its own, 256-byte aligned
+/// (as cudaMalloc's), between two inaccessible pages, so that a kernel's access past its end
+/// (or far enough before its start) faults and is reported as the kernel's (watch_faults).
+/// The bytes between the guard pages and the allocation (up to 255 after it, up to a page
+/// before) hold 0xff: reads give NaN, and writes are found at release.
 struct Allocation {
   std::size_t bytes;
   Memory memory;
+  char* map;  // the mapping: guard page, body, guard page
+  std::size_t map_bytes;
+  [[nodiscard]] std::size_t span() const { return (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256; }
 };
 
 std::mutex g_memory_mutex;
@@ -614,12 +728,23 @@ cudaError_t record(cudaError_t e) {
 cudaError_t allocate(void** p, std::size_t size, Memory memory) {
   if (!p) return record(cudaErrorInvalidValue);
   std::lock_guard lock(g_memory_mutex);
-  if (g_allocated + size > qflash::emulator::kGlobalBytes) return record(cudaErrorMemoryAllocation);
-  *p = std::aligned_alloc(256, (std::max<std::size_t>(size, 1) + 255) / 256 * 256);
-  if (!*p) return record(cudaErrorMemoryAllocation);
-  std::memset(*p, 0xff, size);  // uninitialized device memory reads as NaN
-  allocations()[static_cast<char const*>(*p)] = {size, memory};
+  if (size > qflash::emulator::kGlobalBytes - g_allocated) return record(cudaErrorMemoryAllocation);
+  std::size_t const page = qflash::emulator::page_bytes();
+  Allocation a{size, memory, nullptr, 0};
+  std::size_t const body = (a.span() + page - 1) / page * page;
+  a.map_bytes = body + 2 * page;
+  void* const map = mmap(nullptr, a.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) return record(cudaErrorMemoryAllocation);
+  a.map = static_cast<char*>(map);
+  if (mprotect(a.map, page, PROT_NONE) || mprotect(a.map + page + body, page, PROT_NONE)) {
+    munmap(map, a.map_bytes);
+    return record(cudaErrorMemoryAllocation);
+  }
+  char* const start = a.map + page + body - a.span();
+  std::memset(a.map + page, 0xff, body);  // uninitialized device memory reads as NaN
+  allocations()[start] = a;
   g_allocated += size;
+  *p = start;
   return cudaSuccess;
 }
 
@@ -628,11 +753,100 @@ cudaError_t release(void* p) {
   std::lock_guard lock(g_memory_mutex);
   auto const it = allocations().find(static_cast<char const*>(p));
   if (it == allocations().end()) return record(cudaErrorInvalidValue);
-  g_allocated -= it->second.bytes;
+  Allocation const a = it->second;
+  auto const* const start = static_cast<unsigned char const*>(p);
+  auto const* const body = reinterpret_cast<unsigned char const*>(a.map) + qflash::emulator::page_bytes();
+  auto const written = [&](std::ptrdiff_t offset) {
+    qflash::emulator::fail("freeing an allocation of " + std::to_string(a.bytes) + " bytes: its offset " +
+                           std::to_string(offset) + " was written, " +
+                           (offset < 0 ? "before its start" : "past its end"));
+  };
+  for (auto const* b = start - 1; b >= body; --b)
+    if (*b != 0xff) written(b - start);
+  for (std::size_t i = a.bytes; i < a.span(); ++i)
+    if (start[i] != 0xff) written(static_cast<std::ptrdiff_t>(i));
+  g_allocated -= a.bytes;
   allocations().erase(it);
-  std::free(p);
+  munmap(a.map, a.map_bytes);
   return cudaSuccess;
 }
+
+struct sigaction g_fault_action_before;  // while a launch runs: the SIGSEGV action it replaced
+pthread_t g_launching_thread;            // the host thread running it
+
+/// What a fault at `at` hit: an allocation's guard page, as "offset N of an allocation of M
+/// bytes, past its end", or a CUDA thread's stack guard; empty for anything else.
+std::string fault_site(char const* at) {
+  using namespace qflash::emulator;
+  for (auto const& stack : g_stacks)  // the launching thread holds g_launch_mutex: they stay
+    if (stack->guards(at)) return "beyond its stack of " + std::to_string(kStackBytes >> 10) + " KiB";
+  bool locked = false;  // another host thread may hold it for a moment; this one never faults under it
+  for (int i = 0; i < 1000 && !(locked = g_memory_mutex.try_lock()); ++i) sched_yield();
+  if (!locked) return "address " + std::to_string(reinterpret_cast<std::uintptr_t>(at)) + " (memory map busy)";
+  std::string site;
+  auto const& all = allocations();
+  auto const describe = [&](char const* start, Allocation const& a) {
+    return "offset " + std::to_string(at - start) + " of an allocation of " + std::to_string(a.bytes) + " bytes, " +
+           (at < start ? "before its start" : "past its end");
+  };
+  auto const after = all.upper_bound(at);  // the allocation whose leading guard page `at` may be in
+  if (after != all.end() && at >= after->second.map) site = describe(after->first, after->second);
+  if (after != all.begin()) {
+    auto const& [start, a] = *std::prev(after);
+    if (at >= start + a.bytes && at < a.map + a.map_bytes) site = describe(start, a);
+  }
+  g_memory_mutex.unlock();
+  return site;
+}
+
+/// SIGSEGV while a launch runs (on an alternate stack: the fault may be a fiber's overflow).
+/// Not async-signal-safe, and need not be: the faults it reports are the kernel's own
+/// accesses, and it aborts.
+void on_fault(int, siginfo_t* info, void*) {
+  using qflash::emulator::g_block;
+  std::string const site = pthread_equal(pthread_self(), g_launching_thread)
+                               ? fault_site(static_cast<char const*>(info->si_addr))
+                               : std::string();
+  if (site.empty()) {
+    sigaction(SIGSEGV, &g_fault_action_before, nullptr);  // returns to fault again under it
+    return;
+  }
+  std::string who = "a kernel";
+  if (g_block && g_block->current) {
+    uint3 const t = g_block->current->at.thread_idx;
+    who = g_block->name() + ", thread (" + std::to_string(t.x) + ", " + std::to_string(t.y) + ", " +
+          std::to_string(t.z) + ")";
+  }
+  qflash::emulator::fail(who + " accesses " + site);
+}
+
+}  // namespace
+
+namespace qflash::emulator {
+void watch_faults(bool on) {
+  if (!on) {
+    sigaction(SIGSEGV, &g_fault_action_before, nullptr);
+    return;
+  }
+  stack_t current{};
+  sigaltstack(nullptr, &current);
+  if (current.ss_flags & SS_DISABLE) {  // this host thread's first launch, without one of its own
+    thread_local std::vector<char> alternate(std::size_t{256} << 10);
+    stack_t const s{alternate.data(), 0, alternate.size()};
+    sigaltstack(&s, nullptr);
+  }
+  g_launching_thread = pthread_self();
+  struct sigaction a{};
+  a.sa_sigaction = on_fault;
+  a.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&a.sa_mask);
+  struct sigaction before{};
+  sigaction(SIGSEGV, &a, &before);
+  if (!((before.sa_flags & SA_SIGINFO) && before.sa_sigaction == on_fault)) g_fault_action_before = before;
+}
+}  // namespace qflash::emulator
+
+namespace {
 
 Memory memory_of(void const* p) {
   std::lock_guard lock(g_memory_mutex);

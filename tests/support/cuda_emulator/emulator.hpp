@@ -3,18 +3,28 @@
 // (-include) before any other header of an emulated TU; emulator.cpp holds the scheduler and
 // the CUDA runtime calls qflash makes.
 //
-// What it models: a block's threads run as fibers switched only at __syncthreads, __syncwarp
-// and warp collectives (shuffles, mma.sync), so every sync point's arrivals are checked (a
-// thread missing from a barrier or a warp collective is reported as a deadlock, not hung on);
-// blocks run one after another; shared memory is static storage (dynamic shared memory is
-// filled with 0xff each block, device allocations too: a read before a write shows as NaN);
-// cp.async copies land only at their cp.async.wait_group; mma.sync places fragments as
-// tests/support/mma_emulator.hpp (the PTX ISA's tables). Streams run their work at once, or
-// record it while captured: what stream capture forbids (the legacy stream while a blocking
-// stream is captured, a synchronization of what is captured) fails and breaks the capture as
-// on a GPU, and a graph update takes only nodes of the same types. What it does not: timing,
-// the memory model (no data race shows), the arch-specific paths behind __CUDA_ARCH__ (the
-// host fallbacks run), or whether the PTX itself is right.
+// What it models:
+// - a block's threads run as fibers switched only at __syncthreads, __syncwarp and warp
+//   collectives (shuffles, mma.sync), so every sync point's arrivals are checked (a thread
+//   missing from a barrier or a warp collective is reported as a deadlock, not hung on);
+// - blocks run one after another; the threads released together, and the blocks, run in a
+//   seeded shuffled order (set_schedule), so that a thread that reads what another writes
+//   with no sync point between them often reads it stale, and a test fails;
+// - cp.async copies land at their cp.async.wait_group or, at random, at their commit: both a
+//   read before the wait and a refill of a stage that others still read show;
+// - shared memory is static storage; dynamic shared memory is filled with 0xff each block,
+//   device allocations too (a read before a write shows as NaN); a kernel's access past an
+//   allocation's size rounded up to 256 bytes faults in a guard page and is reported with the
+//   thread's coordinates (a CUDA thread's stack overflow too), and a write into the bytes
+//   beside it that a guard page does not cover is found when it is freed;
+// - mma.sync places fragments as tests/support/mma_emulator.hpp (the PTX ISA's tables);
+// - streams run their work at once, or record it while captured: what stream capture forbids
+//   (the legacy stream while a blocking stream is captured, a synchronization of what is
+//   captured) fails and breaks the capture as on a GPU, and a graph update takes only nodes
+//   of the same types.
+// What it does not: timing, the memory model (no reordering of loads and stores, no two
+// blocks at once: races show only through the schedule), the arch-specific paths behind
+// __CUDA_ARCH__ (the host fallbacks run), or whether the PTX itself is right.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -60,6 +71,15 @@ void* dynamic_shared();
 /// arch the kernel was compiled for (80 or 90, for sm_90a).
 void launch(dim3 grid, dim3 block, std::size_t dynamic_smem, cudaStream_t stream, int sm, void const* kernel,
             std::function<void()> body);
+/// The order in which threads released together (a block's start, a barrier, a warp
+/// collective) and a launch's blocks run: "shuffled" (the default: a random order each time,
+/// from seed 0, and each group of cp.async copies lands at its commit or its wait at random),
+/// "shuffled:SEED", "in-order" or "reversed" (copies land at their wait). The environment
+/// variable QFLASH_EMULATOR_SCHEDULE sets it for a process. A shuffled order depends on the
+/// launches before it in the process: a test run alone may not see a failure's order again.
+void set_schedule(char const* spec);
+/// The schedule in use, in set_schedule's form ("shuffled:0" for the default).
+std::string current_schedule();
 /// cudaFuncSetAttribute's dynamic shared memory limit for a kernel.
 void set_smem_limit(void const* kernel, int bytes);
 

@@ -1,9 +1,9 @@
 // The CUDA emulator's own semantics (tests/support/cuda_emulator), which the emulated GPU tests
-// rest on: coordinates, __syncthreads, threads run again for each block, the shuffles and
-// __reduce_add_sync, the warp reductions as the shuffles' butterfly (several values at once
-// too), mma.sync against a plain product, when cp.async copies land, the CUB
-// collectives, launch refusals, stream capture's rules and graph updates, the schedule threads
-// and blocks run in, and accesses past an allocation's end.
+// rest on: coordinates, __syncthreads, threads run again for each block and find its shared
+// memory filled with 0xff bytes, the shuffles and __reduce_add_sync, the warp reductions as the
+// shuffles' butterfly (several values at once too), mma.sync against a plain product, when
+// cp.async copies land, the CUB collectives, launch refusals, stream capture's rules and graph
+// updates, the schedule threads and blocks run in, and accesses past an allocation's end.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -107,6 +107,26 @@ __global__ void sums_kernel(float const* in, float* out) {
   cuda::warp_sums(row);
   for (int i = 0; i < 6; ++i) o[i] = grid[i / 3][i % 3];
   for (int i = 0; i < 4; ++i) o[6 + i] = row[i];
+}
+
+/// Each thread reads its static shared slot before it writes it: what an earlier block or
+/// launch wrote there must not show. kZero, a constant static, is not shared memory: it stays.
+template <int kSlots>
+__global__ void leftover_kernel(int* out) {
+  static constexpr int kZero[4] = {};
+  __shared__ int s[kSlots];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s[threadIdx.x] + kZero[threadIdx.x % 4];
+  s[threadIdx.x] = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+/// leftover_kernel's reads and writes, of a lambda's static shared slots.
+__global__ void lambda_leftover_kernel(int* out) {
+  auto const slot = []() -> int& {
+    __shared__ int s[64];
+    return s[threadIdx.x];
+  };
+  out[blockIdx.x * blockDim.x + threadIdx.x] = slot();
+  slot() = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
 }
 
 /// Threads past 16 per block index return at once; the others count themselves, meet at a
@@ -293,6 +313,25 @@ TEST_CASE("CUDA emulator: coordinates, barriers and shared memory per block") {
   for (int b = 0; b < 3; ++b)
     for (int t = 0; t < 64; ++t) CHECK(got[static_cast<std::size_t>(b * 64 + t)] == b * 64 + 63 - t);
   cudaFree(out);
+}
+
+TEST_CASE("CUDA emulator: static shared memory holds 0xff bytes at each block's start") {
+  constexpr int kBlocks = 5, kThreads = 64;
+  int *out = nullptr, *other = nullptr;
+  REQUIRE(cudaMalloc(&out, kBlocks * kThreads * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&other, kBlocks * kThreads * sizeof(int)) == cudaSuccess);
+  for (int launch = 0; launch < 3; ++launch) {
+    CAPTURE(launch);
+    QFLASH_LAUNCH(kBlocks, kThreads, 0, nullptr, leftover_kernel<kThreads>)(out);
+    QFLASH_LAUNCH(kBlocks, kThreads, 0, nullptr, reverse_kernel)(other);  // other statics filled between
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    CHECK(std::ranges::count(run_and_read(out, kBlocks * kThreads), -1) == kBlocks * kThreads);  // 0xff bytes
+    QFLASH_LAUNCH(kBlocks, kThreads, 0, nullptr, lambda_leftover_kernel)(out);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    CHECK(std::ranges::count(run_and_read(out, kBlocks * kThreads), -1) == kBlocks * kThreads);
+  }
+  cudaFree(out);
+  cudaFree(other);
 }
 
 TEST_CASE("CUDA emulator: threads run again for each block, whether they returned early or not") {

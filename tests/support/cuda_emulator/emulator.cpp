@@ -2,10 +2,14 @@
 // runtime calls qflash makes, on host memory. See emulator.hpp for what it models.
 #include "cuda_emulator/emulator.hpp"
 
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
 #include <signal.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/context/fiber.hpp>
@@ -23,6 +27,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -195,6 +200,117 @@ class LentStack {
   Stack* s_;
 };
 
+/// Static shared memory, which holds 0xff bytes at each block's start as dynamic shared memory
+/// does. A kernel's __shared__ variables are its writable function-local statics (emulator.hpp):
+/// the objects in the executable's symbol table whose names are local names of the kernel's own
+/// (the Itanium ABI's `_ZZ<kernel's encoding>E...`). A __device__ function's own __shared__
+/// variables are not found, and a kernel's plain static variables would be taken for shared.
+class StaticShared {
+ public:
+  StaticShared() {
+    int const fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    struct stat st{};
+    if (fd >= 0 && fstat(fd, &st) == 0) {
+      void* const map = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+      if (map != MAP_FAILED) image_ = {static_cast<std::byte const*>(map), static_cast<std::size_t>(st.st_size)};
+    }
+    if (fd >= 0) close(fd);
+    find_symbols();
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t, void* bias) {
+          *static_cast<std::uintptr_t*>(bias) = info->dlpi_addr;  // the executable comes first
+          return 1;
+        },
+        &bias_);
+    if (symbols_.empty())
+      std::fprintf(stderr,
+                   "CUDA emulator: the executable has no symbol table: static __shared__ variables keep what the "
+                   "block before wrote\n");
+  }
+
+  void begin_launch(void const* kernel) {
+    auto [it, added] = kernels_.try_emplace(kernel);
+    if (added) it->second = variables_of(reinterpret_cast<std::uintptr_t>(kernel) - bias_, kernel);
+    variables_ = &it->second;
+  }
+  void begin_block() const {
+    for (std::span<std::byte> const v : *variables_) std::memset(v.data(), 0xff, v.size());
+  }
+
+ private:
+  /// Whether [offset, offset + size) lies in the image.
+  [[nodiscard]] bool in_image(std::uint64_t offset, std::uint64_t size) const {
+    return offset <= image_.size() && size <= image_.size() - offset;
+  }
+  /// The executable's sections, symbol table and its names.
+  void find_symbols() {
+    if (image_.size() < sizeof(Elf64_Ehdr)) return;
+    auto const* const header = reinterpret_cast<Elf64_Ehdr const*>(image_.data());
+    if (std::memcmp(header->e_ident, ELFMAG, SELFMAG) != 0 || header->e_ident[EI_CLASS] != ELFCLASS64 ||
+        header->e_shentsize != sizeof(Elf64_Shdr) ||
+        !in_image(header->e_shoff, std::uint64_t{header->e_shnum} * sizeof(Elf64_Shdr)))
+      return;
+    sections_ = {reinterpret_cast<Elf64_Shdr const*>(image_.data() + header->e_shoff), header->e_shnum};
+    for (Elf64_Shdr const& table : sections_) {
+      if (table.sh_type != SHT_SYMTAB || table.sh_link >= sections_.size()) continue;
+      Elf64_Shdr const& names = sections_[table.sh_link];
+      if (!in_image(table.sh_offset, table.sh_size) || !in_image(names.sh_offset, names.sh_size)) return;
+      symbols_ = {reinterpret_cast<Elf64_Sym const*>(image_.data() + table.sh_offset), table.sh_size / sizeof(Elf64_Sym)};
+      names_ = {reinterpret_cast<char const*>(image_.data() + names.sh_offset), names.sh_size};
+      return;
+    }
+  }
+  [[nodiscard]] std::string_view name(Elf64_Sym const& s) const {
+    if (s.st_name >= names_.size()) return {};
+    std::string_view const n = names_.substr(s.st_name);
+    return n.substr(0, n.find('\0'));
+  }
+  /// Whether s is an object defined in a writable section: a static variable, not a constant.
+  [[nodiscard]] bool writable_object(Elf64_Sym const& s) const {
+    return ELF64_ST_TYPE(s.st_info) == STT_OBJECT && s.st_size > 0 && s.st_shndx != SHN_UNDEF &&
+           s.st_shndx < sections_.size() && (sections_[s.st_shndx].sh_flags & SHF_WRITE);
+  }
+
+  /// The static variables of `kernel`, at `address` in the executable's image.
+  std::vector<std::span<std::byte>> variables_of(std::uintptr_t address, void const* kernel) const {
+    std::string_view encoding;  // the kernel's mangled name past its "_Z"
+    for (Elf64_Sym const& s : symbols_) {
+      std::string_view const n = name(s);  // not an alias such as "<name>.localalias"
+      if (ELF64_ST_TYPE(s.st_info) == STT_FUNC && s.st_value == address && n.starts_with("_Z") &&
+          n.find('.') == std::string_view::npos) {
+        encoding = n.substr(2);
+        break;
+      }
+    }
+    std::vector<std::span<std::byte>> variables;
+    if (encoding.empty()) {
+      if (!symbols_.empty())
+        std::fprintf(stderr,
+                     "CUDA emulator: the kernel at %p has no C++ name in the symbol table: its static __shared__ "
+                     "variables keep what the block before wrote\n",
+                     kernel);
+      return variables;
+    }
+    for (Elf64_Sym const& s : symbols_) {
+      std::string_view n = name(s);
+      if (!n.starts_with("_ZZ") || !writable_object(s)) continue;
+      n.remove_prefix(2);
+      while (n.starts_with('Z')) n.remove_prefix(1);  // locals of a lambda in the kernel too
+      if (n.starts_with(encoding) && n.substr(encoding.size()).starts_with('E'))
+        variables.emplace_back(reinterpret_cast<std::byte*>(bias_ + s.st_value), s.st_size);
+    }
+    return variables;
+  }
+
+  std::span<std::byte const> image_;  // the executable's file, mapped for the process's life
+  std::span<Elf64_Shdr const> sections_;
+  std::span<Elf64_Sym const> symbols_;
+  std::string_view names_;
+  std::uintptr_t bias_ = 0;  // where the executable is loaded
+  std::map<void const*, std::vector<std::span<std::byte>>> kernels_;
+  std::vector<std::span<std::byte>> const* variables_ = nullptr;
+};
+
 struct Copy {
   void* dst;
   void const* src;
@@ -345,8 +461,14 @@ std::string describe_deadlock(Block const& b) {
   return s;
 }
 
+StaticShared& static_shared() {  // under g_launch_mutex
+  static StaticShared s;
+  return s;
+}
+
 void run_block(Block& b) {
   int const n = static_cast<int>(b.fibers.size());
+  static_shared().begin_block();
   std::fill(b.shared.begin(), b.shared.end(), std::byte{0xff});
   for (Warp& w : b.warps) w.arrived = 0, w.unread = {};
   b.ready.clear();
@@ -365,8 +487,9 @@ void run_block(Block& b) {
   }
 }
 
-void run_launch(dim3 grid, dim3 block, std::size_t smem, std::function<void()> const& body) {
+void run_launch(dim3 grid, dim3 block, std::size_t smem, void const* kernel, std::function<void()> const& body) {
   std::lock_guard lock(g_launch_mutex);
+  static_shared().begin_launch(kernel);
   int const n = static_cast<int>(block.x * block.y * block.z);
   Block b;
   b.body = &body;
@@ -607,8 +730,8 @@ void launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, int sm
     g_last_error = cudaErrorInvalidValue;
     return;
   }
-  submit(stream, {NodeType::kKernel, 0, [grid, block, smem, body = std::move(body)] {
-                   run_launch(grid, block, smem, body);
+  submit(stream, {NodeType::kKernel, 0, [grid, block, smem, kernel, body = std::move(body)] {
+                   run_launch(grid, block, smem, kernel, body);
                  }});
 }
 

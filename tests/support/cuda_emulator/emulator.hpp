@@ -12,8 +12,9 @@
 //   with no sync point between them often reads it stale, and a test fails;
 // - cp.async copies land at their cp.async.wait_group or, at random, at their commit: both a
 //   read before the wait and a refill of a stage that others still read show;
-// - shared memory is static storage; dynamic shared memory is filled with 0xff each block,
-//   device allocations too (a read before a write shows as NaN); a kernel's access past an
+// - shared memory holds 0xff bytes at each block's start (static shared memory: the variables
+//   of the kernel itself, which emulator.cpp finds in the executable's symbol table), and device
+//   allocations at theirs (a read before a write shows as NaN); a kernel's access past an
 //   allocation's size rounded up to 256 bytes faults in a guard page and is reported with the
 //   thread's coordinates (a CUDA thread's stack overflow too), and a write into the bytes
 //   beside it that a guard page does not cover is found when it is freed;
@@ -47,7 +48,7 @@
 
 #define QFLASH_CUDA_EMULATOR 1
 
-// Shared memory is static storage: blocks run one at a time.
+// Static shared memory is function-local statics (blocks run one at a time).
 #undef __shared__
 #define __shared__ static
 #define __launch_bounds__(...)

@@ -3,13 +3,11 @@
 #include "cuda_emulator/emulator.hpp"
 
 #include <elf.h>
-#include <fcntl.h>
 #include <link.h>
 #include <signal.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/context/fiber.hpp>
@@ -33,6 +31,8 @@
 #include <vector>
 
 #include "mma_emulator.hpp"
+#include "qflash/core/error.hpp"
+#include "qflash/core/mapped_file.hpp"
 
 namespace qflash::emulator {
 /// One piece of a stream's work; recorded while the stream is being captured, as a graph's node
@@ -208,13 +208,11 @@ class LentStack {
 class StaticShared {
  public:
   StaticShared() {
-    int const fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    struct stat st{};
-    if (fd >= 0 && fstat(fd, &st) == 0) {
-      void* const map = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-      if (map != MAP_FAILED) image_ = {static_cast<std::byte const*>(map), static_cast<std::size_t>(st.st_size)};
+    try {
+      file_ = MappedFile("/proc/self/exe");
+    } catch (Error const& e) {
+      std::fprintf(stderr, "CUDA emulator: %s\n", e.what());
     }
-    if (fd >= 0) close(fd);
     find_symbols();
     dl_iterate_phdr(
         [](dl_phdr_info* info, std::size_t, void* bias) {
@@ -238,25 +236,25 @@ class StaticShared {
   }
 
  private:
-  /// Whether [offset, offset + size) lies in the image.
-  [[nodiscard]] bool in_image(std::uint64_t offset, std::uint64_t size) const {
-    return offset <= image_.size() && size <= image_.size() - offset;
+  /// Whether [offset, offset + size) lies in the file.
+  [[nodiscard]] bool in_file(std::uint64_t offset, std::uint64_t size) const {
+    return offset <= file_.size() && size <= file_.size() - offset;
   }
   /// The executable's sections, symbol table and its names.
   void find_symbols() {
-    if (image_.size() < sizeof(Elf64_Ehdr)) return;
-    auto const* const header = reinterpret_cast<Elf64_Ehdr const*>(image_.data());
+    if (file_.size() < sizeof(Elf64_Ehdr)) return;
+    auto const* const header = reinterpret_cast<Elf64_Ehdr const*>(file_.data());
     if (std::memcmp(header->e_ident, ELFMAG, SELFMAG) != 0 || header->e_ident[EI_CLASS] != ELFCLASS64 ||
         header->e_shentsize != sizeof(Elf64_Shdr) ||
-        !in_image(header->e_shoff, std::uint64_t{header->e_shnum} * sizeof(Elf64_Shdr)))
+        !in_file(header->e_shoff, std::uint64_t{header->e_shnum} * sizeof(Elf64_Shdr)))
       return;
-    sections_ = {reinterpret_cast<Elf64_Shdr const*>(image_.data() + header->e_shoff), header->e_shnum};
+    sections_ = {reinterpret_cast<Elf64_Shdr const*>(file_.data() + header->e_shoff), header->e_shnum};
     for (Elf64_Shdr const& table : sections_) {
       if (table.sh_type != SHT_SYMTAB || table.sh_link >= sections_.size()) continue;
       Elf64_Shdr const& names = sections_[table.sh_link];
-      if (!in_image(table.sh_offset, table.sh_size) || !in_image(names.sh_offset, names.sh_size)) return;
-      symbols_ = {reinterpret_cast<Elf64_Sym const*>(image_.data() + table.sh_offset), table.sh_size / sizeof(Elf64_Sym)};
-      names_ = {reinterpret_cast<char const*>(image_.data() + names.sh_offset), names.sh_size};
+      if (!in_file(table.sh_offset, table.sh_size) || !in_file(names.sh_offset, names.sh_size)) return;
+      symbols_ = {reinterpret_cast<Elf64_Sym const*>(file_.data() + table.sh_offset), table.sh_size / sizeof(Elf64_Sym)};
+      names_ = {reinterpret_cast<char const*>(file_.data() + names.sh_offset), names.sh_size};
       return;
     }
   }
@@ -302,7 +300,7 @@ class StaticShared {
     return variables;
   }
 
-  std::span<std::byte const> image_;  // the executable's file, mapped for the process's life
+  MappedFile file_;  // the executable's, for the process's life
   std::span<Elf64_Shdr const> sections_;
   std::span<Elf64_Sym const> symbols_;
   std::string_view names_;

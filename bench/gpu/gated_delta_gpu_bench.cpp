@@ -1,9 +1,9 @@
 // The gated delta rule on CUDA at Qwen3.6-35B-A3B's Gated DeltaNet shape (16 q/k heads, 32
 // value heads, d_k = d_v = 128): time per call (CUDA events) of one sequence's prompt of 16
 // tokens (the recurrence, as every call of up to 16 tokens runs) and of 64, 512 and 4096 tokens
-// in the chunked form (chunks of 64: chunk_kernel, then the state pass on tensor cores), each
-// against the recurrence over the same tokens; with tokens per second and the chunked form's
-// TFLOP/s (its matrix products, counted below).
+// in the chunked form (chunks of 64: chunk_kernel, then the state pass, both on tensor cores),
+// each against the recurrence over the same tokens; with tokens per second and the chunked
+// form's TFLOP/s (its matrix products, counted below).
 //
 //   build/ci/bench/gpu/gated_delta_gpu_bench     (exits 77 without a CUDA device)
 //

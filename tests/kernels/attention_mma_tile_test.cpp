@@ -286,12 +286,32 @@ TEST_CASE("tf32: rounding to nearest and the two-part split (common/tf32.hpp)") 
     // Subnormals: the parts' 10 bits end at 2^-136, so the rest is at most half of that.
     CHECK(std::fabs(static_cast<double>(x) - big - small) <= std::max(0x1p-22 * std::fabs(x), 0x1p-137));
   }
-  // Inf and NaN keep their value in the big part.
-  for (float x : {INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN()}) {
+  // Inf and NaN keep their value in the big part, a NaN quieted: also a NaN whose rounding in
+  // bits would carry into the sign (0x7FFFFFFF, the device's canonical NaN) or the exponent.
+  for (std::uint32_t const bits : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x7F800001u,
+                                   0x7FFFF000u, 0xFF801FFFu}) {
+    CAPTURE(bits);
+    float const x = detail::float_of(bits);
     auto const [big, small] = tf32::split_tf32(x);
+    CHECK(detail::bits_of(big) == detail::bits_of(tf32::tf32_round(x)));
     CHECK((std::isnan(x) ? std::isnan(big) : big == x));
-    CHECK(small == 0.0f);
+    CHECK(std::signbit(big) == std::signbit(x));
+    CHECK(detail::bits_of(small) == 0u);
   }
+  // Every exponent, each sign, mantissas at and beside the rounding's edges: big is x rounded
+  // to tf32 (cut toward zero where that passes the largest float), small the rest rounded.
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t exponent = 0; exponent < 255; ++exponent)
+      for (std::uint32_t mantissa : {0x000000u, 0x000001u, 0x000FFFu, 0x001000u, 0x001001u, 0x002FFFu, 0x003000u,
+                                     0x3FEFFFu, 0x400000u, 0x7FE000u, 0x7FEFFFu, 0x7FF000u, 0x7FFFFFu}) {
+        float const x = detail::float_of(sign | exponent << 23 | mantissa);
+        CAPTURE(x);
+        auto const [big, small] = tf32::split_tf32(x);
+        float const nearest = tf32::tf32_round(x);
+        CHECK(big == (std::isinf(nearest) ? detail::float_of(detail::bits_of(x) & 0xFFFFE000u) : nearest));
+        CHECK(std::signbit(big) == std::signbit(x));
+        CHECK(detail::bits_of(small) == detail::bits_of(tf32::tf32_round(x - big)));
+      }
 }
 
 TEST_CASE("attention mma: every fragment load of a warp falls in 32 banks, inside its tile") {

@@ -328,3 +328,37 @@ TEST_CASE("gated_delta mma: chunks on the device hold at most 64 tokens, fewer w
   CHECK(gd::chunk_tokens(1, 256) == 1);
   for (int dk = 1; dk <= 256; ++dk) CHECK(gd::chunk_smem(gd::chunk_tokens(64, dk), dk) <= gd::kMaxChunkSmem);
 }
+
+TEST_CASE("gated_delta mma: chunk_kernel's Gram blocks cover the lower triangle once, its fragments without bank conflicts") {
+  for (int row_tiles = 1; row_tiles <= gd::kMaxChunk / 16; ++row_tiles) {
+    CAPTURE(row_tiles);
+    int const m = 16 * row_tiles;
+    std::vector<int> hits(static_cast<std::size_t>(m * m));
+    for (int t = 0; t < gd::gram_blocks(row_tiles); ++t) {
+      gd::GramBlock const block = gd::gram_block(t);
+      REQUIRE(block.mt < row_tiles);
+      CHECK(block.ct <= block.mt);  // no block wholly above the diagonal
+      for (int i = 16 * block.mt; i < 16 * block.mt + 16; ++i)
+        for (int j = 16 * block.ct; j < 16 * block.ct + 16; ++j) ++hits[static_cast<std::size_t>(i * m + j)];
+    }
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j <= i; ++j) CHECK(hits[static_cast<std::size_t>(i * m + j)] == 1);
+  }
+  // q̂ and k̂ rows chunk_ld apart: an A fragment's lanes (rows g, columns t) and a B fragment's
+  // (columns g, rows t: k̂'s rows again) read 32 different banks.
+  for (int dk : {1, 17, 40, 64, 128, 256}) {
+    CAPTURE(dk);
+    int const ld = gd::chunk_ld(dk);
+    CHECK(ld >= (dk + 7) / 8 * 8);
+    for (int r = 0; r < 4; ++r) {
+      std::set<int> banks;
+      for (int lane = 0; lane < 32; ++lane) banks.insert((tf32::a_row(lane, r) * ld + tf32::a_col(lane, r)) % 32);
+      CHECK(banks.size() == 32);
+    }
+    for (int r = 0; r < 2; ++r) {
+      std::set<int> banks;
+      for (int lane = 0; lane < 32; ++lane) banks.insert((tf32::b_col(lane) * ld + tf32::b_row(lane, r)) % 32);
+      CHECK(banks.size() == 32);
+    }
+  }
+}

@@ -1,6 +1,6 @@
 /// @file
-/// The gated delta rule on CUDA, shared by sm80.cuh and sm90a.cuh, in fp32 (the chunked state
-/// pass on tensor cores, 3xTF32).
+/// The gated delta rule on CUDA, shared by sm80.cuh and sm90a.cuh, in fp32 (the chunked form's
+/// Gram products and state pass on tensor cores, 3xTF32).
 ///
 /// kRecurrent, and calls of up to kMinChunkedTokens tokens: the per-token recurrence. A CTA
 /// owns 32 state columns (value dims) of one value head and keeps them in registers for the
@@ -12,9 +12,10 @@
 /// kChunked (prefill): op.hpp's WY form, as the CPU's chunk_step computes it, in groups of
 /// chunks whose workspace fits kGroupBytes (Qwen3.6: 7 chunks of 64), two launches a group:
 ///  1. chunk_kernel, a CTA per chunk and value head, all in parallel: q̂ and k̂, Γ as products
-///     of per-token decays, A and Q Kᵀ ⊙ Γ, then W = A⁻¹ diag(β e^γ) K and U = A⁻¹ diag(β) V by
-///     forward substitution (a thread per column), into the workspace with e^γ q̂ and
-///     e^{γ_last − γ} k̂;
+///     of per-token decays, A and Q Kᵀ ⊙ Γ (the Gram products K Kᵀ and Q Kᵀ on tensor cores,
+///     by the 16 x 16 blocks on or below the diagonal: mma_tile.hpp's gram_block), then
+///     W = A⁻¹ diag(β e^γ) K and U = A⁻¹ diag(β) V by forward substitution (a thread per
+///     column), into the workspace with e^γ q̂ and e^{γ_last − γ} k̂;
 ///  2. state_kernel, a CTA per 32 state columns of a value head (S in shared memory) stepping
 ///     through the group's chunks on tensor cores (mma_tile.hpp): V' = U − W S,
 ///     O = (e^γ q̂) S + (Q Kᵀ ⊙ Γ) V', S ← e^{γ_last} S + kdᵀ V'.
@@ -179,9 +180,15 @@ struct ChunkParams {
 /// Grid: x the group's chunks, y value heads.
 template <class Arch>
 __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const cp) {
+  using tf32::a_col;
+  using tf32::a_row;
+  using tf32::b_col;
+  using tf32::b_row;
+  using tf32::c_col;
+  using tf32::c_row;
   QFLASH_DYNAMIC_SMEM(float, smem);
   GatedDeltaArgs const& a = cp.p.a;
-  int const dk = a.d_k, dv = a.d_v, c = cp.l.c, ldk = dk + 1;
+  int const dk = a.d_k, dv = a.d_v, c = cp.l.c, ldk = chunk_ld(dk);
   int const h = static_cast<int>(blockIdx.y);
   int const kh = a.key_head(h);
   std::int64_t const t0 = cp.t0 + static_cast<std::int64_t>(blockIdx.x) * c;
@@ -190,7 +197,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
   constexpr int kChunkWarps = kChunkThreads / 32;
   float* const qn = smem;              // [c][ldk]
   float* const kn = qn + c * ldk;      // [c][ldk]
-  float* const am = kn + c * ldk;      // [c][c]: strictlower(diag(β) K Kᵀ ⊙ Γ)
+  float* const am = kn + c * ldk;      // [c][c]: Γ, then strictlower(diag(β) K Kᵀ ⊙ Γ)
   float* const eg = am + c * c;        // e^{g_i}
   float* const ecum = eg + c;          // e^{γ_i}
   float* const beta = ecum + c;
@@ -213,25 +220,59 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
       beta[i] = a.beta[(t0 + i) * a.n_head_v + h];
     }
   __syncthreads();
-  // Γ_ij = e^{g_{j+1}} ... e^{g_i} in that order (the CPU's product), then A and Q Kᵀ ⊙ Γ.
-  for (int idx = static_cast<int>(threadIdx.x); idx < n * n; idx += kChunkThreads) {
-    int const i = idx / n, j = idx % n;
-    float* const qk_ij = qk + i * c + j;
-    if (j > i) {
-      am[i * c + j] = 0.0f;
-      *qk_ij = 0.0f;
-      continue;
-    }
+  // Γ_ij = e^{g_{j+1}} ... e^{g_i} in that order (the CPU's product), down each column j into
+  // am; Q Kᵀ ⊙ Γ is zero above the diagonal.
+  if (int const j = static_cast<int>(threadIdx.x); j < n) {
     float gamma = 1.0f;
-    for (int s2 = j + 1; s2 <= i; ++s2) gamma *= eg[s2];
-    float kk = 0.0f, qkd = 0.0f;
-    for (int d = 0; d < dk; ++d) {
-      kk = fmaf(kn[i * ldk + d], kn[j * ldk + d], kk);
-      qkd = fmaf(qn[i * ldk + d], kn[j * ldk + d], qkd);
+    am[j * c + j] = gamma;
+    for (int i = j + 1; i < n; ++i) am[i * c + j] = gamma *= eg[i];
+    glast[j] = gamma;
+  }
+  for (int idx = static_cast<int>(threadIdx.x); idx < n * n; idx += kChunkThreads)
+    if (int const i = idx / n, j = idx % n; j > i) qk[i * c + j] = 0.0f;
+  __syncthreads();
+  // K Kᵀ and Q Kᵀ on tensor cores (3xTF32), by the 16 x 16 blocks on or below the diagonal
+  // (warp w takes blocks w, w + 8, ...), then A = strictlower(diag(β) K Kᵀ ⊙ Γ) and Q Kᵀ ⊙ Γ,
+  // each entry of am read and written by the one lane that holds it.
+  for (int t = warp; t < gram_blocks((n + 15) / 16); t += kChunkWarps) {
+    GramBlock const block = gram_block(t);
+    int const r0 = 16 * block.mt, c0 = 16 * block.ct;
+    float kk[2][4] = {}, qkd[2][4] = {};
+    for (int ks = 0; ks < (dk + 7) / 8; ++ks) {
+      float ak[4], aq[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        int const i = r0 + a_row(lane, r), d = 8 * ks + a_col(lane, r);
+        bool const in = i < n && d < dk;
+        ak[r] = in ? kn[i * ldk + d] : 0.0f;
+        aq[r] = in ? qn[i * ldk + d] : 0.0f;
+      }
+      float ak_big[4], ak_small[4], aq_big[4], aq_small[4];
+      tf32::split(ak, ak_big, ak_small);
+      tf32::split(aq, aq_big, aq_small);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        float b[2], b_big[2], b_small[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          int const j = c0 + 8 * nt + b_col(lane), d = 8 * ks + b_row(lane, r);
+          b[r] = j < n && d < dk ? kn[j * ldk + d] : 0.0f;
+        }
+        tf32::split(b, b_big, b_small);
+        tf32::mma_3x(kk[nt], ak_big, ak_small, b_big, b_small);
+        tf32::mma_3x(qkd[nt], aq_big, aq_small, b_big, b_small);
+      }
     }
-    am[i * c + j] = j < i ? kk * (beta[i] * gamma) : 0.0f;
-    *qk_ij = qkd * gamma;
-    if (i == n - 1) glast[j] = gamma;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        int const i = r0 + c_row(lane, r), j = c0 + 8 * nt + c_col(lane, r);
+        if (i >= n || j > i) continue;
+        float const gamma = am[i * c + j];
+        am[i * c + j] = j < i ? kk[nt][r] * (beta[i] * gamma) : 0.0f;
+        qk[i * c + j] = qkd[nt][r] * gamma;
+      }
   }
   __syncthreads();
   if (threadIdx.x == 0) *cp.l.last(base) = ecum[n - 1];

@@ -1,7 +1,8 @@
 /// @file
 /// The chunked gated delta rule's state pass on tensor cores (device.cuh's state_kernel): its
 /// tile geometry as host-device code, so that tests run it on the host against the PTX ISA's
-/// fragment layouts. Every product is 3xTF32 (common/tf32.hpp): about 2^-21 of |a| |b|.
+/// fragment layouts; and chunk_kernel's shared memory and Gram blocks. Every product is 3xTF32
+/// (common/tf32.hpp): about 2^-21 of |a| |b|.
 ///
 /// A CTA (kThreads, kWarps warps) owns kCols state columns of one value head: S [d_k, kCols]
 /// in shared memory for the whole call, rows kLd floats apart, zero past d_k (to whole tiles
@@ -30,11 +31,16 @@ inline constexpr int kMaxChunk = 64;  ///< tokens per chunk on the device, at mo
 
 inline constexpr std::size_t kMaxChunkSmem = 99 * 1024;  ///< what sm_86 and sm_89 opt in to per block
 
-/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (d_k + 1 apart, so a
-/// warp reading one column of several rows hits distinct banks), A, and per token e^g, e^γ, β
-/// and Γ_{last, j}.
+/// Floats between chunk_kernel's rows of q̂ and k̂ in shared memory: d_k in whole k-steps of 8,
+/// and 4 more (4 times an odd number), so that the lanes of an A or B fragment (rows g < 8,
+/// columns t < 4) read 32 different banks.
+QFLASH_HD constexpr int chunk_ld(int dk) { return (dk + 7) / 8 * 8 + 4; }
+
+/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (chunk_ld apart), A,
+/// and per token e^g, e^γ, β and Γ_{last, j}.
 QFLASH_HD constexpr std::size_t chunk_smem(int c, int dk) {
-  return (2 * static_cast<std::size_t>(c) * (dk + 1) + static_cast<std::size_t>(c) * c + 4 * static_cast<std::size_t>(c)) *
+  return (2 * static_cast<std::size_t>(c) * chunk_ld(dk) + static_cast<std::size_t>(c) * c +
+          4 * static_cast<std::size_t>(c)) *
          sizeof(float);
 }
 
@@ -44,6 +50,20 @@ QFLASH_HD constexpr int chunk_tokens(int chunk_size, int dk) {
   int c = chunk_size < kMaxChunk ? chunk_size : kMaxChunk;
   while (c > 1 && chunk_smem(c, dk) > kMaxChunkSmem) c /= 2;
   return c;
+}
+
+/// A 16 x 16 block of chunk_kernel's Gram products K Kᵀ and Q Kᵀ: rows 16 mt.., columns 16 ct..
+/// (two n-tiles of 8, which share the rows' A fragments).
+struct GramBlock {
+  int mt, ct;
+};
+/// The blocks on or below the diagonal (ct <= mt), numbered row by row: m row tiles hold
+/// m (m + 1) / 2 of them.
+QFLASH_HD constexpr int gram_blocks(int row_tiles) { return row_tiles * (row_tiles + 1) / 2; }
+QFLASH_HD constexpr GramBlock gram_block(int t) {
+  int mt = 0;
+  while (t > mt) t -= mt + 1, ++mt;
+  return {mt, t};
 }
 
 /// One chunk's and value head's piece of the workspace, for chunks of up to c tokens: W, e^γ q̂

@@ -344,6 +344,19 @@ TEST_CASE("gated_delta mma: chunk_kernel's Gram blocks cover the lower triangle 
     for (int i = 0; i < m; ++i)
       for (int j = 0; j <= i; ++j) CHECK(hits[static_cast<std::size_t>(i * m + j)] == 1);
   }
+  // A by columns chunk_lda apart: the Gram's C fragments (rows g, columns 2 t + r % 2) write 32
+  // banks, and the substitution's float4s of a column start 16-byte aligned.
+  for (int c : {1, 7, 16, 20, 33, 64}) {
+    CAPTURE(c);
+    int const lda = gd::chunk_lda(c);
+    CHECK(lda >= c);
+    CHECK(lda % 4 == 0);
+    for (int r = 0; r < 4; ++r) {
+      std::set<int> banks;
+      for (int lane = 0; lane < 32; ++lane) banks.insert((tf32::c_col(lane, r) * lda + tf32::c_row(lane, r)) % 32);
+      CHECK(banks.size() == 32);
+    }
+  }
   // q̂ and k̂ rows chunk_ld apart: an A fragment's lanes (rows g, columns t) and a B fragment's
   // (columns g, rows t: k̂'s rows again) read 32 different banks.
   for (int dk : {1, 17, 40, 64, 128, 256}) {

@@ -15,7 +15,8 @@
 ///     of per-token decays, A and Q Kᵀ ⊙ Γ (the Gram products K Kᵀ and Q Kᵀ on tensor cores,
 ///     by the 16 x 16 blocks on or below the diagonal: mma_tile.hpp's gram_block), then
 ///     W = A⁻¹ diag(β e^γ) K and U = A⁻¹ diag(β) V by forward substitution (a thread per
-///     column), into the workspace with e^γ q̂ and e^{γ_last − γ} k̂;
+///     column, 16 rows at a time in registers), into the workspace with e^γ q̂ and
+///     e^{γ_last − γ} k̂;
 ///  2. state_kernel, a CTA per 32 state columns of a value head (S in shared memory) stepping
 ///     through the group's chunks on tensor cores (mma_tile.hpp): V' = U − W S,
 ///     O = (e^γ q̂) S + (Q Kᵀ ⊙ Γ) V', S ← e^{γ_last} S + kdᵀ V'.
@@ -169,6 +170,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) recurrent_kernel(Params const 
 inline constexpr int kMinChunkedTokens = 16;       ///< shorter calls run the recurrence
 inline constexpr std::int64_t kGroupBytes = std::int64_t{32} << 20;  ///< workspace of a pair of launches, at most
 inline constexpr int kChunkThreads = 256;
+inline constexpr int kSolveRows = 16;  ///< rows a thread of the forward substitution holds at a time
 struct ChunkParams {
   Params p;
   std::int64_t t0;   ///< the group's first token
@@ -176,6 +178,15 @@ struct ChunkParams {
   ChunkLayout l;
   float* work;       ///< [chunks, n_head_v] ChunkLayouts
 };
+
+/// kSolveRows entries of a column of chunk_kernel's A, from 16-byte aligned shared memory.
+__device__ __forceinline__ void load_column(float const* p, float (&a)[kSolveRows]) {
+#pragma unroll
+  for (int q = 0; q < kSolveRows / 4; ++q) {
+    float4 const v = reinterpret_cast<float4 const*>(p)[q];
+    a[4 * q] = v.x, a[4 * q + 1] = v.y, a[4 * q + 2] = v.z, a[4 * q + 3] = v.w;
+  }
+}
 
 /// Grid: x the group's chunks, y value heads.
 template <class Arch>
@@ -188,7 +199,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
   using tf32::c_row;
   QFLASH_DYNAMIC_SMEM(float, smem);
   GatedDeltaArgs const& a = cp.p.a;
-  int const dk = a.d_k, dv = a.d_v, c = cp.l.c, ldk = chunk_ld(dk);
+  int const dk = a.d_k, dv = a.d_v, c = cp.l.c, ldk = chunk_ld(dk), lda = chunk_lda(c);
   int const h = static_cast<int>(blockIdx.y);
   int const kh = a.key_head(h);
   std::int64_t const t0 = cp.t0 + static_cast<std::int64_t>(blockIdx.x) * c;
@@ -197,8 +208,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
   constexpr int kChunkWarps = kChunkThreads / 32;
   float* const qn = smem;              // [c][ldk]
   float* const kn = qn + c * ldk;      // [c][ldk]
-  float* const am = kn + c * ldk;      // [c][c]: Γ, then strictlower(diag(β) K Kᵀ ⊙ Γ)
-  float* const eg = am + c * c;        // e^{g_i}
+  float* const at = kn + c * ldk;      // [c][lda]: Γᵀ, then strictlower(diag(β) K Kᵀ ⊙ Γ)ᵀ
+  float* const eg = at + c * lda;      // e^{g_i}
   float* const ecum = eg + c;          // e^{γ_i}
   float* const beta = ecum + c;
   float* const glast = beta + c;       // Γ_{n-1, j}
@@ -221,11 +232,11 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
     }
   __syncthreads();
   // Γ_ij = e^{g_{j+1}} ... e^{g_i} in that order (the CPU's product), down each column j into
-  // am; Q Kᵀ ⊙ Γ is zero above the diagonal.
+  // at; Q Kᵀ ⊙ Γ is zero above the diagonal.
   if (int const j = static_cast<int>(threadIdx.x); j < n) {
     float gamma = 1.0f;
-    am[j * c + j] = gamma;
-    for (int i = j + 1; i < n; ++i) am[i * c + j] = gamma *= eg[i];
+    at[j * lda + j] = gamma;
+    for (int i = j + 1; i < n; ++i) at[j * lda + i] = gamma *= eg[i];
     glast[j] = gamma;
   }
   for (int idx = static_cast<int>(threadIdx.x); idx < n * n; idx += kChunkThreads)
@@ -233,7 +244,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
   __syncthreads();
   // K Kᵀ and Q Kᵀ on tensor cores (3xTF32), by the 16 x 16 blocks on or below the diagonal
   // (warp w takes blocks w, w + 8, ...), then A = strictlower(diag(β) K Kᵀ ⊙ Γ) and Q Kᵀ ⊙ Γ,
-  // each entry of am read and written by the one lane that holds it.
+  // each entry of at read and written by the one lane that holds it.
   for (int t = warp; t < gram_blocks((n + 15) / 16); t += kChunkWarps) {
     GramBlock const block = gram_block(t);
     int const r0 = 16 * block.mt, c0 = 16 * block.ct;
@@ -269,8 +280,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
       for (int r = 0; r < 4; ++r) {
         int const i = r0 + c_row(lane, r), j = c0 + 8 * nt + c_col(lane, r);
         if (i >= n || j > i) continue;
-        float const gamma = am[i * c + j];
-        am[i * c + j] = j < i ? kk[nt][r] * (beta[i] * gamma) : 0.0f;
+        float const gamma = at[j * lda + i];
+        at[j * lda + i] = j < i ? kk[nt][r] * (beta[i] * gamma) : 0.0f;
         qk[i * c + j] = qkd[nt][r] * gamma;
       }
   }
@@ -281,17 +292,42 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
     qg[idx] = qn[i * ldk + d] * ecum[i];
     kd[idx] = kn[i * ldk + d] * glast[i];
   }
-  // Forward substitution, a thread per column of W (d < dk) or U: x_i = b_i − Σ_{j<i} A_ij x_j,
-  // each thread reading back only what it wrote.
+  // Forward substitution, a thread per column of W (d < dk) or U: x_i = b_i − Σ_{j<i} A_ij x_j
+  // in that order, kSolveRows rows at a time in registers: a block of rows takes the rows before
+  // it (read back from the workspace, each once a block, by the thread that wrote it), then its
+  // own, one column of A at a time.
   for (int col = static_cast<int>(threadIdx.x); col < dk + dv; col += kChunkThreads) {
     bool const is_w = col < dk;
     float* const x = is_w ? w + col : u + (col - dk);
     int const ld = is_w ? dk : dv;
-    for (int i = 0; i < n; ++i) {
-      float b = is_w ? beta[i] * ecum[i] * kn[i * ldk + col]
-                     : beta[i] * a.v[(t0 + i) * cp.p.vs + static_cast<std::int64_t>(h) * dv + (col - dk)];
-      for (int j = 0; j < i; ++j) b = fmaf(-am[i * c + j], x[j * ld], b);
-      x[i * ld] = b;
+    for (int i0 = 0; i0 < n; i0 += kSolveRows) {
+      int const rows = min(kSolveRows, n - i0);
+      float xb[kSolveRows];
+#pragma unroll
+      for (int r = 0; r < kSolveRows; ++r) {
+        int const i = i0 + r;
+        xb[r] = r >= rows ? 0.0f
+                : is_w    ? beta[i] * ecum[i] * kn[i * ldk + col]
+                          : beta[i] * a.v[(t0 + i) * cp.p.vs + static_cast<std::int64_t>(h) * dv + (col - dk)];
+      }
+      // Rows past n take what lies past their column's end (in shared memory still); they are
+      // not stored.
+      for (int j = 0; j < i0; ++j) {
+        float const xj = x[j * ld];
+        float a_j[kSolveRows];
+        load_column(at + j * lda + i0, a_j);
+#pragma unroll
+        for (int r = 0; r < kSolveRows; ++r) xb[r] = fmaf(-a_j[r], xj, xb[r]);
+      }
+#pragma unroll
+      for (int j = 0; j < kSolveRows; ++j)
+        if (j < rows) {
+          x[(i0 + j) * ld] = xb[j];
+          float a_j[kSolveRows];
+          load_column(at + (i0 + j) * lda + i0, a_j);
+#pragma unroll
+          for (int r = j + 1; r < kSolveRows; ++r) xb[r] = fmaf(-a_j[r], xb[j], xb[r]);
+        }
     }
   }
 }

@@ -36,10 +36,16 @@ inline constexpr std::size_t kMaxChunkSmem = 99 * 1024;  ///< what sm_86 and sm_
 /// columns t < 4) read 32 different banks.
 QFLASH_HD constexpr int chunk_ld(int dk) { return (dk + 7) / 8 * 8 + 4; }
 
-/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (chunk_ld apart), A,
-/// and per token e^g, e^γ, β and Γ_{last, j}.
+/// Floats between the columns of chunk_kernel's A (Γ first) in shared memory, which it keeps by
+/// columns, so that the substitution reads 16 rows of a column as four aligned float4s: c in
+/// whole n-tiles of 8, and 4 more, so that a C fragment's lanes (rows g, columns 2 t) write 32
+/// different banks.
+QFLASH_HD constexpr int chunk_lda(int c) { return (c + 7) / 8 * 8 + 4; }
+
+/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (chunk_ld apart), A's
+/// columns (chunk_lda apart), and per token e^g, e^γ, β and Γ_{last, j}.
 QFLASH_HD constexpr std::size_t chunk_smem(int c, int dk) {
-  return (2 * static_cast<std::size_t>(c) * chunk_ld(dk) + static_cast<std::size_t>(c) * c +
+  return (2 * static_cast<std::size_t>(c) * chunk_ld(dk) + static_cast<std::size_t>(c) * chunk_lda(c) +
           4 * static_cast<std::size_t>(c)) *
          sizeof(float);
 }

@@ -286,8 +286,8 @@ TEST_CASE("tf32: rounding to nearest and the two-part split (common/tf32.hpp)") 
     // Subnormals: the parts' 10 bits end at 2^-136, so the rest is at most half of that.
     CHECK(std::fabs(static_cast<double>(x) - big - small) <= std::max(0x1p-22 * std::fabs(x), 0x1p-137));
   }
-  // Inf and NaN keep their value in the big part, a NaN quieted: also a NaN whose rounding in
-  // bits would carry into the sign (0x7FFFFFFF, the device's canonical NaN) or the exponent.
+  // Inf and NaN keep their value in the big part, a NaN quieted: also NaNs whose rounding in
+  // bits would carry into the sign (0x7FFFFFFF, the device's canonical NaN) or out of it.
   for (std::uint32_t const bits : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x7F800001u,
                                    0x7FFFF000u, 0xFF801FFFu}) {
     CAPTURE(bits);

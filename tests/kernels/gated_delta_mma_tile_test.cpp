@@ -324,6 +324,8 @@ TEST_CASE("gated_delta mma: chunks on the device hold at most 64 tokens, fewer w
   CHECK(gd::chunk_tokens(64, 128) == 64);
   CHECK(gd::chunk_tokens(1024, 128) == 64);
   CHECK(gd::chunk_tokens(20, 128) == 20);
+  CHECK(gd::chunk_tokens(64, 152) == 64);
+  CHECK(gd::chunk_tokens(64, 153) == 32);  // q̂ and k̂ rows 164 floats apart
   CHECK(gd::chunk_tokens(64, 256) == 32);
   CHECK(gd::chunk_tokens(1, 256) == 1);
   for (int dk = 1; dk <= 256; ++dk) CHECK(gd::chunk_smem(gd::chunk_tokens(64, dk), dk) <= gd::kMaxChunkSmem);
@@ -345,12 +347,17 @@ TEST_CASE("gated_delta mma: chunk_kernel's Gram blocks cover the lower triangle 
       for (int j = 0; j <= i; ++j) CHECK(hits[static_cast<std::size_t>(i * m + j)] == 1);
   }
   // A by columns chunk_lda apart: the Gram's C fragments (rows g, columns 2 t + r % 2) write 32
-  // banks, and the substitution's float4s of a column start 16-byte aligned.
-  for (int c : {1, 7, 16, 20, 33, 64}) {
+  // banks; columns a whole number of float4s apart; and the substitution's reads of 16 rows of
+  // a column, for every chunk length and last token, stay inside A.
+  for (int c = 1; c <= gd::kMaxChunk; ++c) {
     CAPTURE(c);
     int const lda = gd::chunk_lda(c);
     CHECK(lda >= c);
     CHECK(lda % 4 == 0);
+    for (int n = 1; n <= c; ++n) {
+      int const last_block = (n - 1) / gd::kSolveRows * gd::kSolveRows;
+      CHECK((n - 1) * lda + last_block + gd::kSolveRows <= gd::chunk_a_floats(c));
+    }
     for (int r = 0; r < 4; ++r) {
       std::set<int> banks;
       for (int lane = 0; lane < 32; ++lane) banks.insert((tf32::c_col(lane, r) * lda + tf32::c_row(lane, r)) % 32);

@@ -170,7 +170,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps) recurrent_kernel(Params const 
 inline constexpr int kMinChunkedTokens = 16;       ///< shorter calls run the recurrence
 inline constexpr std::int64_t kGroupBytes = std::int64_t{32} << 20;  ///< workspace of a pair of launches, at most
 inline constexpr int kChunkThreads = 256;
-inline constexpr int kSolveRows = 16;  ///< rows a thread of the forward substitution holds at a time
 struct ChunkParams {
   Params p;
   std::int64_t t0;   ///< the group's first token
@@ -179,7 +178,9 @@ struct ChunkParams {
   float* work;       ///< [chunks, n_head_v] ChunkLayouts
 };
 
-/// kSolveRows entries of a column of chunk_kernel's A, from 16-byte aligned shared memory.
+/// kSolveRows entries of a column of chunk_kernel's A, from 16-byte aligned shared memory (the
+/// dynamic shared memory's start, A's offset 2 c chunk_ld, lda and the block's first row are
+/// multiples of 4 floats).
 __device__ __forceinline__ void load_column(float const* p, float (&a)[kSolveRows]) {
 #pragma unroll
   for (int q = 0; q < kSolveRows / 4; ++q) {
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
   float* const qn = smem;              // [c][ldk]
   float* const kn = qn + c * ldk;      // [c][ldk]
   float* const at = kn + c * ldk;      // [c][lda]: Γᵀ, then strictlower(diag(β) K Kᵀ ⊙ Γ)ᵀ
-  float* const eg = at + c * lda;      // e^{g_i}
+  float* const eg = at + chunk_a_floats(c);  // e^{g_i}
   float* const ecum = eg + c;          // e^{γ_i}
   float* const beta = ecum + c;
   float* const glast = beta + c;       // Γ_{n-1, j}
@@ -310,8 +311,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
                 : is_w    ? beta[i] * ecum[i] * kn[i * ldk + col]
                           : beta[i] * a.v[(t0 + i) * cp.p.vs + static_cast<std::int64_t>(h) * dv + (col - dk)];
       }
-      // Rows past n take what lies past their column's end (in shared memory still); they are
-      // not stored.
+      // Rows past n (in the last block) take entries of A never written, or past their column
+      // (inside A: chunk_a_floats); they are neither stored nor used by the rows before them.
       for (int j = 0; j < i0; ++j) {
         float const xj = x[j * ld];
         float a_j[kSolveRows];

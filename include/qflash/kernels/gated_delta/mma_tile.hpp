@@ -42,10 +42,17 @@ QFLASH_HD constexpr int chunk_ld(int dk) { return (dk + 7) / 8 * 8 + 4; }
 /// different banks.
 QFLASH_HD constexpr int chunk_lda(int c) { return (c + 7) / 8 * 8 + 4; }
 
-/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (chunk_ld apart), A's
-/// columns (chunk_lda apart), and per token e^g, e^γ, β and Γ_{last, j}.
+inline constexpr int kSolveRows = 16;  ///< rows a thread of chunk_kernel's substitution holds at a time
+
+/// Floats of chunk_kernel's A in shared memory: c columns chunk_lda apart, and kSolveRows more,
+/// so that the substitution's reads of kSolveRows rows of a column (past the chunk's last
+/// token, in its last block) stay inside A.
+QFLASH_HD constexpr int chunk_a_floats(int c) { return c * chunk_lda(c) + kSolveRows; }
+
+/// Shared memory of chunk_kernel for chunks of c tokens: q̂ and k̂ rows (chunk_ld apart), A,
+/// and per token e^g, e^γ, β and Γ_{last, j}.
 QFLASH_HD constexpr std::size_t chunk_smem(int c, int dk) {
-  return (2 * static_cast<std::size_t>(c) * chunk_ld(dk) + static_cast<std::size_t>(c) * chunk_lda(c) +
+  return (2 * static_cast<std::size_t>(c) * chunk_ld(dk) + static_cast<std::size_t>(chunk_a_floats(c)) +
           4 * static_cast<std::size_t>(c)) *
          sizeof(float);
 }

@@ -178,6 +178,19 @@ struct ChunkParams {
   float* work;       ///< [chunks, n_head_v] ChunkLayouts
 };
 
+/// A lane's A fragments (common/tf32.hpp) for rows [r0, r0 + 16) and columns [8 ks, 8 ks + 8)
+/// of two row-major matrices x and y, rows ld floats apart; zero past n rows and dk columns.
+__device__ __forceinline__ void a_fragments(float const* x, float const* y, int ld, int r0, int ks, int n, int dk,
+                                            int lane, float (&ax)[4], float (&ay)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    int const i = r0 + tf32::a_row(lane, r), d = 8 * ks + tf32::a_col(lane, r);
+    bool const in = i < n && d < dk;
+    ax[r] = in ? x[i * ld + d] : 0.0f;
+    ay[r] = in ? y[i * ld + d] : 0.0f;
+  }
+}
+
 /// kSolveRows entries of a column of chunk_kernel's A, from 16-byte aligned shared memory (the
 /// dynamic shared memory's start, A's offset 2 c chunk_ld, lda and the block's first row are
 /// multiples of 4 floats).
@@ -192,8 +205,6 @@ __device__ __forceinline__ void load_column(float const* p, float (&a)[kSolveRow
 /// Grid: x the group's chunks, y value heads.
 template <class Arch>
 __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const cp) {
-  using tf32::a_col;
-  using tf32::a_row;
   using tf32::b_col;
   using tf32::b_row;
   using tf32::c_col;
@@ -252,13 +263,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(ChunkParams const 
     float kk[2][4] = {}, qkd[2][4] = {};
     for (int ks = 0; ks < (dk + 7) / 8; ++ks) {
       float ak[4], aq[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        int const i = r0 + a_row(lane, r), d = 8 * ks + a_col(lane, r);
-        bool const in = i < n && d < dk;
-        ak[r] = in ? kn[i * ldk + d] : 0.0f;
-        aq[r] = in ? qn[i * ldk + d] : 0.0f;
-      }
+      a_fragments(kn, qn, ldk, r0, ks, n, dk, lane, ak, aq);
       float ak_big[4], ak_small[4], aq_big[4], aq_small[4];
       tf32::split(ak, ak_big, ak_small);
       tf32::split(aq, aq_big, aq_small);
@@ -396,13 +401,7 @@ __global__ void __launch_bounds__(mma::kThreads) state_kernel(ChunkParams const 
           split(b, b_big[nt], b_small[nt]);
         }
         float aw[4], aq[4], aw_big[4], aw_small[4], aq_big[4], aq_small[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          int const i = r0 + a_row(lane, r), d = 8 * ks + a_col(lane, r);
-          bool const in = i < n && d < dk;
-          aw[r] = in ? w[i * dk + d] : 0.0f;
-          aq[r] = in ? qg[i * dk + d] : 0.0f;
-        }
+        a_fragments(w, qg, dk, r0, ks, n, dk, lane, aw, aq);
         split(aw, aw_big, aw_small);
         split(aq, aq_big, aq_small);
 #pragma unroll
